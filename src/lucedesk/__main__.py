@@ -1,0 +1,3 @@
+from lucedesk.cli import main
+
+raise SystemExit(main())

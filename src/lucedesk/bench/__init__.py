@@ -1,0 +1,1 @@
+"""Benchmarks: the in-process engine (offline) and any OpenAI-compatible server."""

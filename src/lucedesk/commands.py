@@ -1,0 +1,168 @@
+"""The CLI's commands, each a function of the parsed arguments returning an exit code."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from lucedesk.engine.build import BuiltEngine
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def engine_config(args: argparse.Namespace):
+    """The resolved profile and its EngineConfig with the command line's overrides."""
+    from lucedesk import profile
+
+    overrides = list(getattr(args, "set", []) or [])
+    if getattr(args, "no_prefix_cache", False):
+        overrides.append("prefix_cache=false")
+    return profile.resolve(getattr(args, "profile", None), overrides)
+
+
+def build_from_args(args: argparse.Namespace) -> BuiltEngine:
+    from lucedesk.engine.build import build_engine
+    from lucedesk.pull import resolve_model
+
+    chosen, config, why = engine_config(args)
+    say(f"lucedesk: {why}")
+    model = resolve_model(getattr(args, "model", None), say)
+    return build_engine(model, config)
+
+
+def sampling_from_args(args: argparse.Namespace):
+    from lucedesk.engine.request import SamplingParams
+
+    return SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+    ).validate()
+
+
+def run_prompt(args: argparse.Namespace) -> int:
+    from lucedesk.engine.models.chat import encode_chat
+
+    params = sampling_from_args(args)
+    # One request: a single slot and a pool of one full context keep start-up short.
+    args.set = [*args.set, "max_slots=1"] + (
+        [] if any(s.startswith("kv_pool_tokens") for s in args.set) else ["kv_pool_tokens=8192"]
+    )
+    built = build_from_args(args)
+    engine, tokenizer = built.engine.start(), built.loaded.tokenizer
+    try:
+        if args.raw:
+            prompt_ids = tokenizer.encode(args.prompt)
+        else:
+            messages = [{"role": "system", "content": args.system}] if args.system else []
+            messages.append({"role": "user", "content": args.prompt})
+            prompt_ids = encode_chat(tokenizer, messages)
+        completion = None
+        for out in engine.submit(prompt_ids, params, owner="cli"):
+            sys.stdout.write(out.text)
+            sys.stdout.flush()
+            if out.finished:
+                completion = out
+        sys.stdout.write("\n")
+        if completion is not None and completion.error:
+            say(f"lucedesk: error: {completion.error}")
+            return 1
+        return 0
+    finally:
+        engine.shutdown()
+
+
+def bench(args: argparse.Namespace) -> int:
+    if not args.offline:
+        from lucedesk.bench.online import main as online_main
+
+        return online_main(args)
+    from lucedesk.bench.offline import markdown_table, run_offline
+
+    try:
+        levels = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
+    except ValueError:
+        from lucedesk.errors import ConfigError
+
+        raise ConfigError(
+            f"--concurrency {args.concurrency!r}: expected numbers like 1,2,4"
+        ) from None
+    built = build_from_args(args)
+    engine = built.engine.start()
+    try:
+        say(
+            f"offline bench: {args.num_requests} requests per level, prompt {args.input_len}, "
+            f"output {args.output_len}, ignore_eos, closed loop"
+        )
+        results = run_offline(
+            engine, levels, args.num_requests, args.input_len, args.output_len, args.seed, log=say
+        )
+    finally:
+        engine.shutdown()
+    print(markdown_table(results))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {
+                    "model": built.loaded.name,
+                    "dtype": str(built.dtype),
+                    "device": str(built.device),
+                    "input_len": args.input_len,
+                    "output_len": args.output_len,
+                    "levels": [{"concurrency": c, **s.as_dict()} for c, s in results],
+                },
+                f,
+                indent=2,
+            )
+    return 0
+
+
+def show_profiles(args: argparse.Namespace) -> int:
+    from lucedesk import profile
+    from lucedesk.config import field_names
+    from lucedesk.engine.build import (
+        available_memory,
+        derive_pool_tokens,
+        kv_bytes_per_token,
+        resolve_device,
+        resolve_dtype,
+    )
+    from lucedesk.engine.models.loader import read_model_config
+    from lucedesk.pull import resolve_model
+
+    profiles = profile.all_profiles()
+    device = profile.probe_device()
+    detected, why = profile.detect(profiles, device)
+    print("profiles:")
+    for name, p in profiles.items():
+        mark = "*" if name == detected.name else " "
+        where = "built-in" if p.builtin else str(p.path)
+        print(f" {mark} {name:<12} {p.description}  [{where}]")
+    print(f"\n{why}")
+    chosen, config, _ = engine_config(args)
+    model_config = read_model_config(resolve_model(getattr(args, "model", None), say))
+    dtype = resolve_dtype(config.dtype, resolve_device(config.device))
+    max_len = min(
+        config.max_model_len or model_config.max_position_embeddings,
+        model_config.max_position_embeddings,
+    )
+    per_token = kv_bytes_per_token(model_config, dtype)
+    print(f"\nresolved settings of {chosen.name!r} for {model_config.name}:")
+    for key in sorted(field_names()):
+        print(f"  {key:<24} {getattr(config, key)}")
+
+    free = available_memory(resolve_device(config.device), config.unified_memory)
+    pool = derive_pool_tokens(config, model_config, dtype, free, max_len)
+    print(f"\n  KV bytes per token       {per_token} ({str(dtype).removeprefix('torch.')})")
+    print(
+        f"  KV pool                  {pool} tokens ({pool * per_token / 2**20:.0f} MiB)"
+        + ("" if config.kv_pool_tokens else f", derived from {free / 2**30:.1f} GiB free")
+    )
+    print(f"  context limit            {max_len} tokens")
+    print(f"  full-length contexts     {pool // max_len} at once (of {config.max_slots} slots)")
+    return 0

@@ -1,0 +1,74 @@
+"""Engine settings: one `EngineConfig`, filled from a hardware profile or by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from lucedesk.errors import ConfigError
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+ATTENTION = ("auto", "torch", "triton")
+
+
+@dataclass(slots=True, frozen=True)
+class EngineConfig:
+    max_slots: int = 16  # concurrent sequences, each in a stable slot
+    block_size: int = 16  # tokens per KV block
+    kv_pool_tokens: int = 0  # KV capacity in tokens; 0 = derive from free memory
+    kv_memory_fraction: float = 0.5  # of the memory left after the weights, when deriving
+    unified_memory: bool = False  # GPU memory is system RAM (APUs): derive from the smaller
+    max_model_len: int = 0  # 0 = the model's own context length
+    max_num_batched_tokens: int = 512  # token budget of one step (decode rows + chunks)
+    prefill_chunk_idle: int = 512  # prompt tokens per step while nothing decodes
+    prefill_chunk_decoding: int = 128  # ...and while some slot decodes (keeps ITL low)
+    decode_headroom_tokens: int = 16  # reserved at admission beyond the prompt
+    max_waiting: int = 256  # queued requests before the server answers 503
+    dtype: str = "auto"  # auto = bfloat16 where the device computes it fast, else float32
+    attention: str = "auto"  # auto = triton on a GPU, torch on the CPU
+    device: str = "auto"  # auto = cuda when available (ROCm too), else cpu
+    num_threads: int = 0  # CPU threads for torch; 0 = torch's default
+    weight_int8: bool = False  # weight-only int8 linears (CPU, bandwidth-bound decode)
+    compile: bool = False  # torch.compile the model
+    prefix_cache: bool = True
+
+    def validate(self, source: str = "engine config") -> EngineConfig:
+        def fail(key: str, rule: str) -> ConfigError:
+            return ConfigError(f"{source}: {key} {rule} (got {getattr(self, key)!r})")
+
+        positive = (
+            "max_slots",
+            "block_size",
+            "max_num_batched_tokens",
+            "prefill_chunk_idle",
+            "prefill_chunk_decoding",
+            "max_waiting",
+        )
+        for key in positive:
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise fail(key, "must be a positive integer")
+        for key in ("kv_pool_tokens", "max_model_len", "num_threads", "decode_headroom_tokens"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise fail(key, "must be an integer >= 0")
+        if self.block_size not in (8, 16, 32, 64, 128):
+            raise fail("block_size", "must be one of 8, 16, 32, 64, 128")
+        if self.max_num_batched_tokens < self.max_slots:
+            raise fail("max_num_batched_tokens", f"must be at least max_slots ({self.max_slots})")
+        if not 0.0 < self.kv_memory_fraction <= 0.95:
+            raise fail("kv_memory_fraction", "must be in (0, 0.95]")
+        if self.dtype not in DTYPES:
+            raise fail("dtype", f"must be one of {', '.join(DTYPES)}")
+        if self.attention not in ATTENTION:
+            raise fail("attention", f"must be one of {', '.join(ATTENTION)}")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise fail("device", "must be auto, cpu, cuda or cuda:N")
+        return self
+
+    def replace(self, **changes: object) -> EngineConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def field_names() -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(EngineConfig))

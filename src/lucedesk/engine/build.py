@@ -1,0 +1,130 @@
+"""Putting an engine together from a model path and an EngineConfig."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from lucedesk.config import EngineConfig
+from lucedesk.engine.engine import Engine
+from lucedesk.engine.models.llama import ModelConfig
+from lucedesk.engine.models.loader import LoadedModel, load_model
+from lucedesk.engine.runner import TorchSeqEngine
+from lucedesk.engine.scheduler import Scheduler
+from lucedesk.kernels import resolve_attention
+
+log = logging.getLogger(__name__)
+
+MIB = 1 << 20
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def cpu_has_fast_bf16() -> bool:
+    # AVX512-BF16 / AMX hardware: oneDNN runs bf16 matmuls natively there.
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name != "auto":
+        return getattr(torch, name)
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+
+
+def kv_bytes_per_token(model: ModelConfig, dtype: torch.dtype) -> int:
+    """K and V, every layer, every KV head."""
+    return 2 * model.num_layers * model.num_kv_heads * model.head_dim * dtype.itemsize
+
+
+def available_memory(device: torch.device, unified: bool = False) -> int:
+    """Bytes free for the KV pool now (after the weights are in place). On a unified-memory
+    APU the GPU allocates from system RAM, so the smaller of the two counts."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        if unified:
+            return min(int(free), available_memory(torch.device("cpu")))
+        return int(free)
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 4 << 30
+
+
+def derive_pool_tokens(
+    config: EngineConfig, model: ModelConfig, dtype: torch.dtype, free_bytes: int, max_len: int
+) -> int:
+    """KV capacity in tokens: the configured number, or `kv_memory_fraction` of the free
+    memory; never more than every slot at full context, and whole blocks only."""
+    cap = config.max_slots * max_len
+    if config.kv_pool_tokens:
+        tokens = config.kv_pool_tokens
+    else:
+        tokens = min(
+            int(free_bytes * config.kv_memory_fraction) // kv_bytes_per_token(model, dtype), cap
+        )
+    return tokens // config.block_size * config.block_size
+
+
+@dataclass(slots=True)
+class BuiltEngine:
+    engine: Engine
+    loaded: LoadedModel
+    device: torch.device
+    dtype: torch.dtype
+    pool_tokens: int
+    attention: str
+
+
+def build_engine(model_path: str | Path, config: EngineConfig) -> BuiltEngine:
+    config.validate()
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    if config.num_threads and device.type == "cpu":
+        torch.set_num_threads(config.num_threads)
+    loaded = load_model(model_path, dtype)
+    loaded.model.to(device)
+    return assemble(loaded, config, device)
+
+
+def assemble(loaded: LoadedModel, config: EngineConfig, device: torch.device) -> BuiltEngine:
+    """An engine around an already loaded model (a profile switch reuses the weights)."""
+    model = loaded.model
+    max_len = min(
+        config.max_model_len or loaded.config.max_position_embeddings,
+        loaded.config.max_position_embeddings,
+    )
+    pool_tokens = derive_pool_tokens(
+        config, loaded.config, model.dtype, available_memory(device, config.unified_memory), max_len
+    )
+    num_blocks = max(pool_tokens // config.block_size, 1)
+    attention = resolve_attention(config.attention, device)
+    runner = TorchSeqEngine(model, num_blocks, config.block_size, attention, device)
+    scheduler = Scheduler(config, num_blocks, max_len)
+    engine = Engine(runner, scheduler, loaded.tokenizer, loaded.name, config.max_waiting)
+    log.info(
+        "engine: %s on %s (%s), %d slots, KV pool %d tokens (%d MiB), attention %s",
+        loaded.name,
+        device,
+        str(model.dtype).removeprefix("torch."),
+        config.max_slots,
+        pool_tokens,
+        pool_tokens * kv_bytes_per_token(loaded.config, model.dtype) // MIB,
+        attention,
+    )
+    return BuiltEngine(engine, loaded, device, model.dtype, pool_tokens, attention)

@@ -1,0 +1,284 @@
+"""Reading llama.cpp GGUF files: model config, dequantized weights (HF names), tokenizer spec."""
+
+from __future__ import annotations
+
+import logging
+import math
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from lucedesk.engine.models.llama import ModelConfig
+from lucedesk.errors import ModelLoadError
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+
+# GGUF tensor name -> Hugging Face name ("{i}" is the layer index).
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def hf_name(gguf_name: str) -> str | None:
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    parts = gguf_name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    return None
+
+
+_SCALARS = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
+_STRING, _ARRAY = 8, 9
+
+
+@dataclass(slots=True, frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]  # PyTorch order: [rows, cols]
+    type_name: str
+    type_id: int
+    offset: int  # absolute offset of the data in the file
+    nbytes: int
+
+
+class _Cursor:
+    """Sequential little-endian reads over the file's bytes."""
+
+    def __init__(self, buf: mmap.mmap, path: Path) -> None:
+        self.buf, self.pos, self.path = buf, 0, path
+
+    def take(self, fmt: str) -> Any:
+        size = struct.calcsize(fmt)
+        if self.pos + size > len(self.buf):
+            raise ModelLoadError(f"{self.path}: truncated GGUF header")
+        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += size
+        return value
+
+    def string(self) -> str:
+        n = self.take("<Q")
+        if self.pos + n > len(self.buf):
+            raise ModelLoadError(f"{self.path}: truncated GGUF header")
+        raw = bytes(self.buf[self.pos : self.pos + n])
+        self.pos += n
+        return raw.decode("utf-8", errors="replace")
+
+    def value(self, kind: int) -> Any:
+        if kind in _SCALARS:
+            return self.take(_SCALARS[kind])
+        if kind == _STRING:
+            return self.string()
+        if kind == _ARRAY:
+            elem, count = self.take("<I"), self.take("<Q")
+            if elem in _SCALARS:  # read numeric arrays in one go
+                dtype = np.dtype(_SCALARS[elem])
+                end = self.pos + count * dtype.itemsize
+                if end > len(self.buf):
+                    raise ModelLoadError(f"{self.path}: truncated GGUF header")
+                arr = np.frombuffer(self.buf, dtype, count, self.pos)
+                self.pos = end
+                return arr.tolist()
+            return [self.value(elem) for _ in range(count)]
+        raise ModelLoadError(f"{self.path}: unknown GGUF value type {kind}")
+
+
+class GGUFFile:
+    """One GGUF file: metadata parsed at open, tensor data read from a memory map on demand."""
+
+    def __init__(self, path: Path) -> None:
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        self.path = path
+        try:
+            with open(path, "rb") as f:
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"{path}: cannot be read ({exc})") from None
+        cur = _Cursor(self._map, path)
+        if len(self._map) < 24 or self._map[:4] != b"GGUF":
+            raise ModelLoadError(f"{path}: not a GGUF file (bad magic)")
+        cur.pos = 4
+        version = cur.take("<I")
+        if version not in (2, 3):
+            raise ModelLoadError(f"{path}: GGUF version {version} is not supported (2 or 3)")
+        num_tensors, num_kv = cur.take("<Q"), cur.take("<Q")
+        self.metadata: dict[str, Any] = {}
+        for _ in range(num_kv):
+            key = cur.string()
+            self.metadata[key] = cur.value(cur.take("<I"))
+        infos = []
+        for _ in range(num_tensors):
+            name = cur.string()
+            dims = [cur.take("<Q") for _ in range(cur.take("<I"))]
+            type_id, offset = cur.take("<I"), cur.take("<Q")
+            infos.append((name, dims, type_id, offset))
+        align = int(self.metadata.get("general.alignment", 32))
+        data_start = -(-cur.pos // align) * align
+        self.tensors: dict[str, TensorInfo] = {}
+        for name, dims, type_id, offset in infos:
+            try:
+                qtype = GGMLQuantizationType(type_id)
+            except ValueError:
+                raise ModelLoadError(
+                    f"{path}: tensor {name!r} has unknown type id {type_id}"
+                ) from None
+            block, type_size = GGML_QUANT_SIZES[qtype]
+            count = math.prod(dims)
+            nbytes = count // block * type_size
+            start = data_start + offset
+            if start + nbytes > len(self._map):
+                raise ModelLoadError(
+                    f"{path}: truncated: tensor {name!r} needs bytes up to {start + nbytes}, "
+                    f"the file has {len(self._map)}"
+                )
+            shape = tuple(int(d) for d in reversed(dims))
+            self.tensors[name] = TensorInfo(name, shape, qtype.name, type_id, start, nbytes)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(key, default)
+
+    def require(self, key: str) -> Any:
+        if key not in self.metadata:
+            raise ModelLoadError(f"{self.path}: missing metadata key {key!r}")
+        return self.metadata[key]
+
+    @property
+    def architecture(self) -> str:
+        arch = self.require("general.architecture")
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ModelLoadError(
+                f"{self.path}: unsupported architecture {arch!r} "
+                f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+            )
+        return arch
+
+    def model_config(self) -> ModelConfig:
+        arch = self.architecture
+        k = f"{arch}."
+        hidden = int(self.require(k + "embedding_length"))
+        heads = int(self.require(k + "attention.head_count"))
+        kv_heads = int(self.get(k + "attention.head_count_kv", heads))
+        head_dim = int(self.get(k + "attention.key_length", hidden // heads))
+        names = set(self.tensors)
+        vocab = self.get(k + "vocab_size") or len(self.get("tokenizer.ggml.tokens", []))
+        rope_scaling = None
+        if "rope_freqs.weight" in names:
+            factors = self.tensor("rope_freqs.weight").tolist()
+            rope_scaling = {"rope_type": "freq_factors", "factors": factors}
+        elif self.get(k + "rope.scaling.type") == "linear":
+            rope_scaling = {
+                "rope_type": "linear",
+                "factor": float(self.get(k + "rope.scaling.factor")),
+            }
+        return ModelConfig(
+            architecture=arch,
+            vocab_size=int(vocab),
+            hidden_size=hidden,
+            intermediate_size=int(self.require(k + "feed_forward_length")),
+            num_layers=int(self.require(k + "block_count")),
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=float(self.get(k + "attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_theta=float(self.get(k + "rope.freq_base", 10000.0)),
+            rope_scaling=rope_scaling,
+            max_position_embeddings=int(self.get(k + "context_length", 4096)),
+            tie_word_embeddings="output.weight" not in names,
+            attention_bias=arch == "qwen2",
+            qk_norm=arch == "qwen3",
+            name=str(self.get("general.name", self.path.stem)),
+        )
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """One tensor dequantized to float32, in PyTorch's [rows, cols] order."""
+        info = self.tensors.get(name)
+        if info is None:
+            raise ModelLoadError(f"{self.path}: missing tensor {name!r}")
+        return self._dequantize(info)
+
+    def _dequantize(self, t: TensorInfo) -> torch.Tensor:
+        from gguf import GGMLQuantizationType, quants
+
+        if t.type_name not in SUPPORTED_TYPES:
+            raise ModelLoadError(
+                f"{self.path}: tensor {t.name!r} has type {t.type_name}, which lucedesk does not "
+                f"load (supported: {', '.join(SUPPORTED_TYPES)})"
+            )
+        raw = np.frombuffer(self._map, np.uint8, t.nbytes, t.offset)
+        rows = math.prod(t.shape[:-1]) if len(t.shape) > 1 else 1
+        qtype = GGMLQuantizationType(t.type_id)
+        if t.type_name == "F32":
+            array = raw.view(np.float32).reshape(t.shape).copy()
+        elif t.type_name == "F16":
+            array = raw.view(np.float16).reshape(t.shape).astype(np.float32)
+        else:
+            array = quants.dequantize(raw.reshape(rows, -1), qtype)
+            array = np.ascontiguousarray(array, dtype=np.float32).reshape(t.shape)
+        return torch.from_numpy(array)
+
+    def weights(self, config: ModelConfig) -> dict[str, torch.Tensor]:
+        """Every model tensor, dequantized, under its HF name, with llama.cpp's rotary row
+        permutation of q/k undone (only the llama architecture is permuted by its converter)."""
+        out: dict[str, torch.Tensor] = {}
+        for t in self.tensors.values():
+            name = hf_name(t.name)
+            if name is None:
+                continue  # rope_freqs and other tensors read elsewhere
+            w = self._dequantize(t)
+            if config.architecture == "llama":
+                if name.endswith("q_proj.weight"):
+                    w = unpermute(w, config.num_heads)
+                elif name.endswith("k_proj.weight"):
+                    w = unpermute(w, config.num_kv_heads)
+            out[name] = w
+        return out
+
+
+def unpermute(w: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's converter, which interleaves each head's rotary halves:
+
+    HF rows of one head:  [x0 x1 .. x(d/2-1) | y0 y1 .. y(d/2-1)]
+    GGUF rows:            [x0 y0 x1 y1 .. ]
+    """
+    rows = w.shape[0]
+    return (
+        w.reshape(num_heads, rows // num_heads // 2, 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )

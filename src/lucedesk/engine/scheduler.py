@@ -1,0 +1,226 @@
+"""The scheduling policy: who runs in the next step, with which tokens (no torch, no I/O).
+
+Each step:
+  1. cancellations take effect (slot and blocks back);
+  2. every decoding request gets one token, oldest first; one that needs a new block when
+     none is free preempts the most recently admitted request (possibly itself);
+  3. the rest of the token budget, capped by the prefill chunk (large while nothing decodes,
+     small while something does), goes to prompt chunks, oldest first;
+  4. the head of the waiting queue is admitted while a slot and the blocks for its tokens
+     plus headroom are free, strictly in order: a request that does not fit blocks the ones
+     behind it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from lucedesk.config import EngineConfig
+from lucedesk.engine.kv_cache import BlockPool, blocks_for
+from lucedesk.engine.request import FinishReason, Phase, Request
+from lucedesk.errors import RequestError
+
+
+class ScheduledRow(NamedTuple):
+    """`num_tokens` tokens of `request` starting at position `start`; `sample` when this
+    chunk reaches the request's last token, so a new token is sampled from its last row."""
+
+    request: Request
+    start: int
+    num_tokens: int
+    sample: bool
+
+
+@dataclass(slots=True)
+class StepPlan:
+    step: int
+    decodes: list[ScheduledRow] = field(default_factory=list)
+    prefills: list[ScheduledRow] = field(default_factory=list)
+    # Requests that left the engine since the last plan (the runner drops their sampler state).
+    finished_ids: list[str] = field(default_factory=list)
+
+    @property
+    def rows(self) -> list[ScheduledRow]:
+        return self.decodes + self.prefills
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.decodes) + sum(r.num_tokens for r in self.prefills)
+
+    def __bool__(self) -> bool:
+        return bool(self.decodes or self.prefills)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, num_blocks: int, max_model_len: int) -> None:
+        self.config = config
+        self.max_model_len = max_model_len
+        self.pool = BlockPool(num_blocks, config.block_size)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # in admission order, oldest first
+        self.free_slots = list(range(config.max_slots))
+        self.step = 0
+        self.num_preemptions = 0
+        self.recently_finished: list[str] = []  # finished since the last plan
+
+    # -- submission -------------------------------------------------------------------------
+
+    def check_fits(self, request: Request) -> None:
+        """Raises RequestError if the request could never run, whatever else is queued."""
+        n = request.num_prompt_tokens
+        if n == 0:
+            raise RequestError("the prompt is empty", "prompt")
+        total = n + request.params.max_tokens
+        if total > self.max_model_len:
+            raise RequestError(
+                f"prompt ({n} tokens) plus max_tokens ({request.params.max_tokens}) is "
+                f"{total} tokens, beyond the context limit of {self.max_model_len}",
+                "max_tokens",
+            )
+        needed = blocks_for(total, self.config.block_size)
+        if needed > self.pool.num_blocks:
+            raise RequestError(
+                f"the request needs {needed} KV blocks at full length but the pool holds "
+                f"{self.pool.num_blocks}",
+                "max_tokens",
+            )
+
+    def add(self, request: Request) -> None:
+        self.check_fits(request)
+        self.waiting.append(request)
+
+    # -- one step ---------------------------------------------------------------------------
+
+    def plan(self) -> StepPlan:
+        self.step += 1
+        plan = StepPlan(self.step)
+        for req in [r for r in self.running if r.cancel_requested]:
+            self.finish(req, FinishReason.CANCELLED)
+        for req in [r for r in self.waiting if r.cancel_requested]:
+            self.finish(req, FinishReason.CANCELLED)
+
+        for req in list(self.running):
+            if req.slot is None or req.phase is not Phase.DECODE:
+                continue  # preempted earlier in this loop, or still prefilling
+            if self._reserve_next_block(req):
+                plan.decodes.append(ScheduledRow(req, req.num_computed_tokens, 1, True))
+
+        budget = self.config.max_num_batched_tokens - len(plan.decodes)
+        chunk = (
+            self.config.prefill_chunk_decoding if plan.decodes else self.config.prefill_chunk_idle
+        )
+        budget = min(budget, chunk)
+        for req in self.running:
+            if budget <= 0:
+                break
+            if req.phase is Phase.PREFILL:
+                budget -= self._schedule_chunk(plan, req, budget)
+
+        while self.waiting and budget > 0 and self.free_slots:
+            req = self.waiting[0]
+            if not self._admit(req):
+                break  # strict FIFO: nothing overtakes the head
+            self.waiting.popleft()
+            budget -= self._schedule_chunk(plan, req, budget)
+
+        plan.finished_ids, self.recently_finished = self.recently_finished, []
+        return plan
+
+    def update(self, plan: StepPlan, sampled: dict[int, int]) -> list[Request]:
+        """Record a step's result: `sampled` maps slot -> new token for each sampling row
+        (a row missing from it failed and was finished with an error). Returns the requests
+        that produced a token."""
+        produced = []
+        for row in plan.rows:
+            req = row.request
+            if req.finished or req.slot is None:
+                continue
+            req.num_computed_tokens = row.start + row.num_tokens
+            if not row.sample:
+                continue
+            token = sampled.get(req.slot)
+            if token is None:
+                continue
+            req.output_ids.append(token)
+            produced.append(req)
+            if token in req.stop_ids:
+                self.finish(req, FinishReason.STOP)
+            elif (
+                req.num_output_tokens >= req.params.max_tokens
+                or req.num_tokens >= self.max_model_len
+            ):
+                self.finish(req, FinishReason.LENGTH)
+        return produced
+
+    def finish(self, req: Request, reason: FinishReason, error: str | None = None) -> None:
+        if req.finished:
+            return
+        req.finish_reason = reason
+        req.error = error
+        if req in self.running:
+            self._release(req)
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self.recently_finished.append(req.request_id)
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _admit(self, req: Request) -> bool:
+        headroom = min(self.config.decode_headroom_tokens, req.params.max_tokens)
+        needed = blocks_for(req.num_tokens + headroom, self.config.block_size)
+        if not self.pool.can_allocate(needed):
+            return False
+        req.block_ids = self.pool.allocate(needed)
+        req.slot = self.free_slots.pop(0)
+        req.num_computed_tokens = 0
+        self.running.append(req)
+        return True
+
+    def _schedule_chunk(self, plan: StepPlan, req: Request, budget: int) -> int:
+        n = min(req.num_tokens - req.num_computed_tokens, budget)
+        if n <= 0:
+            return 0
+        done = req.num_computed_tokens + n == req.num_tokens
+        plan.prefills.append(ScheduledRow(req, req.num_computed_tokens, n, done))
+        return n
+
+    def _reserve_next_block(self, req: Request) -> bool:
+        """Make room for the KV of position num_computed_tokens, preempting the newest
+        running requests while the pool is empty. False if `req` itself was preempted."""
+        while len(req.block_ids) * self.config.block_size <= req.num_computed_tokens:
+            if self.pool.can_allocate(1):
+                req.block_ids.extend(self.pool.allocate(1))
+                continue
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is req:
+                return False
+        return True
+
+    def _preempt(self, req: Request) -> None:
+        # Its KV is dropped and recomputed later from prompt + output; the output so far stays.
+        self._release(req)
+        self.running.remove(req)
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def _release(self, req: Request) -> None:
+        self.pool.free(req.block_ids)
+        req.block_ids = []
+        if req.slot is not None:
+            self.free_slots.append(req.slot)
+            self.free_slots.sort()
+            req.slot = None
+
+    def check_integrity(self) -> None:
+        self.pool.check_integrity(r.block_ids for r in self.running)
+        slots = [r.slot for r in self.running]
+        assert None not in slots, "a running request has no slot"
+        assert len(set(slots) | set(self.free_slots)) == self.config.max_slots
+        assert not set(slots) & set(self.free_slots), "a slot is both used and free"
+        assert all(not r.block_ids and r.slot is None for r in self.waiting)

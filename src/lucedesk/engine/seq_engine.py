@@ -1,0 +1,25 @@
+"""The boundary between policy and tensors: the scheduler hands a `StepPlan` to a SeqEngine,
+which runs it and answers with a `StepResult`."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+from lucedesk.engine.scheduler import StepPlan
+
+
+class StepResult(NamedTuple):
+    sampled: dict[int, int]  # slot -> new token, for every row of the plan that samples
+    errors: dict[int, str]  # slot -> message, for rows that failed on their own
+
+
+class SeqEngine(Protocol):
+    """Runs plans for one model. Implementations own the KV tensors and the sampler."""
+
+    num_blocks: int
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        """Compute every row of `plan` in one forward and sample where the plan asks.
+
+        Raises only when the step as a whole failed; the caller then isolates the culprit."""
+        ...

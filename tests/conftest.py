@@ -1,0 +1,139 @@
+"""Shared fixtures: tiny random checkpoints the suite writes itself, and the default model."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+# Tests never touch the user's cache or config: everything goes under one temp home,
+# except the default model, which is worth keeping between runs.
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+CORPUS = (
+    """
+The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with one
+step. def add(a, b):\n    return a + b\n\nfor i in range(10):\n    print(i * 2)\n
+Numbers: 0 1 2 3 4 5 6 7 8 9 10 42 1234 3.14159. Paris is the capital of France.
+Unicode: café, naïve, 日本語, Привет, emoji 🙂🚀. {"key": [1, 2, 3]} <html></html>
+"""
+    * 4
+)
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def write_tokenizer(folder: Path, vocab_size: int = 384) -> int:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([CORPUS], trainer)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token": None,
+                "eos_token": "<|im_end|>",
+                "pad_token": "<|endoftext|>",
+                "chat_template": CHATML,
+                "add_bos_token": False,
+                "tokenizer_class": "PreTrainedTokenizerFast",
+            }
+        )
+    )
+    return tok.get_vocab_size()
+
+
+def write_tiny_model(folder: Path, arch: str, seed: int = 0) -> Path:
+    """A 2-layer random checkpoint of the given family, saved as a Hugging Face folder."""
+    import transformers
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = write_tokenizer(folder)
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-6,
+        eos_token_id=SPECIALS.index("<|im_end|>"),
+        bos_token_id=None,
+        # A wide init makes the logits peaked, as in trained models, so greedy choices
+        # are not coin flips between near-equal tokens.
+        initializer_range=0.25,
+    )
+    if arch == "llama":
+        config = transformers.LlamaConfig(**common, tie_word_embeddings=False)
+        cls = transformers.LlamaForCausalLM
+    elif arch == "qwen2":
+        config = transformers.Qwen2Config(**common, tie_word_embeddings=True)
+        cls = transformers.Qwen2ForCausalLM
+    elif arch == "qwen3":
+        config = transformers.Qwen3Config(**common, head_dim=32, tie_word_embeddings=True)
+        cls = transformers.Qwen3ForCausalLM
+    else:
+        raise ValueError(arch)
+    torch.manual_seed(seed)
+    model = cls(config)
+    with torch.no_grad():  # norms and biases away from their identity init, so they matter
+        for name, p in model.named_parameters():
+            if "norm" in name or "bias" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny")
+    return {arch: write_tiny_model(root / arch, arch) for arch in ("llama", "qwen2", "qwen3")}
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_models) -> Path:
+    return tiny_models["llama"]
+
+
+@pytest.fixture(scope="session")
+def default_model() -> Path:
+    """The real default model, pulled into the cache on first use."""
+    from lucedesk.pull import resolve_model
+
+    return resolve_model(None, progress=lambda m: None)
+
+
+def wait_until(predicate, timeout: float = 30.0, interval: float = 0.01) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(interval)
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_engine_threads():
+    yield
+    leaked = [t for t in threading.enumerate() if t.name == "lucedesk-engine" and t.is_alive()]
+    for t in leaked:
+        t.join(5)
