@@ -1,0 +1,188 @@
+"""The engine thread: streaming, cancellation, stop conditions, faults, stats, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from lucedesk.engine.models.loader import load_model
+from lucedesk.engine.request import FinishReason, SamplingParams
+from lucedesk.errors import RequestError
+from tests.conftest import wait_until
+from tests.engine_harness import make_engine
+
+GREEDY = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_llama):
+    return load_model(tiny_llama, torch.float32)
+
+
+@pytest.fixture
+def engine(loaded):
+    engine = make_engine(loaded, max_slots=4, kv_pool_tokens=2048).start()
+    yield engine
+    engine.shutdown()
+
+
+def prompt(loaded, n: int = 12) -> list[int]:
+    return loaded.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 4)[:n]
+
+
+def test_stream_sync_and_result(engine, loaded):
+    handle = engine.submit(prompt(loaded), GREEDY)
+    outs = list(handle)
+    assert outs[-1].finished and outs[-1].finish_reason is FinishReason.LENGTH
+    assert sum(len(o.token_ids) for o in outs) == 20
+    done = handle.result(timeout=10)
+    assert done.num_output_tokens == 20 and len(done.token_ids) == 20
+    assert done.text == "".join(o.text for o in outs)
+    assert done.text == loaded.tokenizer.decode(done.token_ids)
+
+
+def test_stream_async(engine, loaded):
+    async def main():
+        handle = engine.submit(prompt(loaded), GREEDY)
+        texts = [out.text async for out in handle]
+        return texts, await handle.aresult()
+
+    texts, done = asyncio.run(main())
+    assert "".join(texts) == done.text and done.num_output_tokens == 20
+
+
+def test_invalid_sampling_rejected(engine, loaded):
+    for bad, field in [
+        (SamplingParams(max_tokens=0), "max_tokens"),
+        (SamplingParams(temperature=-1), "temperature"),
+        (SamplingParams(top_p=1.5), "top_p"),
+        (SamplingParams(top_k=-5), "top_k"),
+        (SamplingParams(min_p=2.0), "min_p"),
+        (SamplingParams(stop=("",)), "stop"),
+    ]:
+        with pytest.raises(RequestError) as err:
+            engine.submit(prompt(loaded), bad)
+        assert err.value.field == field and field in str(err.value)
+
+
+def test_impossible_requests_rejected(engine, loaded):
+    with pytest.raises(RequestError, match="context limit"):
+        engine.submit(prompt(loaded), SamplingParams(max_tokens=5000))
+    with pytest.raises(RequestError, match="outside the vocabulary"):
+        engine.submit([1, 2, 10**6], GREEDY)
+    with pytest.raises(RequestError, match="empty"):
+        engine.submit([], GREEDY)
+
+
+def test_cancel_mid_decode_frees_slot_and_blocks(engine, loaded):
+    handle = engine.submit(prompt(loaded), SamplingParams(max_tokens=900, ignore_eos=True))
+    wait_until(lambda: engine.stats().num_running == 1 and engine.stats().blocks_used > 0)
+    handle.cancel()
+    done = handle.result(timeout=10)
+    assert done.finish_reason is FinishReason.CANCELLED
+    wait_until(lambda: engine.stats().blocks_used == 0 and engine.stats().num_running == 0)
+
+
+def test_stop_string_is_not_sent(engine, loaded):
+    free = engine.submit(prompt(loaded), GREEDY).result(timeout=10)
+    assert len(free.text) > 6
+    stop = free.text[3:6]
+    done = engine.submit(
+        prompt(loaded),
+        SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, stop=(stop,)),
+    ).result(timeout=10)
+    assert done.finish_reason is FinishReason.STOP
+    assert stop not in done.text and free.text.startswith(done.text)
+    assert done.text == free.text[: free.text.index(stop)]
+
+
+def test_stop_token_ids(engine, loaded):
+    free = engine.submit(prompt(loaded), GREEDY).result(timeout=10)
+    stop_id = free.token_ids[5]
+    done = engine.submit(
+        prompt(loaded),
+        SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, stop_token_ids=(stop_id,)),
+    ).result(timeout=10)
+    assert done.finish_reason is FinishReason.STOP
+    assert done.token_ids == free.token_ids[: free.token_ids.index(stop_id) + 1]
+
+
+def test_injected_fault_fails_one_request_and_engine_keeps_serving(engine, loaded):
+    runner = engine.seq_engine
+    real_execute = runner.execute
+
+    def faulty(plan):
+        if any(r.request.owner == "poison" for r in plan.rows):
+            raise RuntimeError("injected fault")
+        return real_execute(plan)
+
+    runner.execute = faulty
+    try:
+        good = [engine.submit(prompt(loaded), GREEDY, owner=f"ok{i}") for i in range(2)]
+        bad = engine.submit(prompt(loaded), GREEDY, owner="poison")
+        done = bad.result(timeout=20)
+        assert done.finish_reason is FinishReason.ERROR and "injected fault" in done.error
+        for h in good:
+            assert h.result(timeout=20).finish_reason is FinishReason.LENGTH
+    finally:
+        runner.execute = real_execute
+    assert engine.running
+    after = engine.submit(prompt(loaded), GREEDY).result(timeout=20)
+    assert after.num_output_tokens == 20
+    wait_until(lambda: engine.stats().blocks_used == 0)
+
+
+def test_stats_snapshot_shows_slots(engine, loaded):
+    handles = [
+        engine.submit(
+            prompt(loaded), SamplingParams(max_tokens=400, ignore_eos=True), owner=f"pane{i}"
+        )
+        for i in range(2)
+    ]
+    wait_until(lambda: sum(s.phase == "decode" for s in engine.stats().slots) == 2)
+    stats = engine.stats()
+    busy = [s for s in stats.slots if s.request_id]
+    assert sorted(s.owner for s in busy) == ["pane0", "pane1"]
+    assert all(s.blocks > 0 and s.context_tokens > 12 for s in busy)
+    assert stats.blocks_used == sum(s.blocks for s in busy)
+    assert len(stats.slots) == 4
+    for h in handles:
+        h.cancel()
+    for h in handles:
+        h.result(timeout=10)
+
+
+def test_shutdown_finishes_every_open_request(loaded):
+    engine = make_engine(loaded, max_slots=2, kv_pool_tokens=2048).start()
+    handles = [
+        engine.submit(prompt(loaded), SamplingParams(max_tokens=900, ignore_eos=True))
+        for _ in range(4)
+    ]
+    engine.shutdown()
+    for h in handles:
+        assert h.result(timeout=5).finish_reason is FinishReason.CANCELLED
+    assert not engine.running
+    with pytest.raises(RequestError, match="shutting down"):
+        engine.submit(prompt(loaded), GREEDY)
+
+
+def test_drain_lets_running_requests_finish(loaded):
+    engine = make_engine(loaded, max_slots=2, kv_pool_tokens=2048).start()
+    handles = [engine.submit(prompt(loaded), GREEDY) for _ in range(3)]
+    engine.shutdown(drain=True)
+    assert all(h.result(timeout=5).finish_reason is FinishReason.LENGTH for h in handles)
+
+
+def test_queue_limit(loaded):
+    from lucedesk.engine.engine import QueueFullError
+
+    engine = make_engine(loaded, max_slots=1, kv_pool_tokens=2048, max_waiting=2)
+    # Not started: nothing leaves the queue.
+    engine.submit(prompt(loaded), GREEDY)
+    engine.submit(prompt(loaded), GREEDY)
+    with pytest.raises(QueueFullError):
+        engine.submit(prompt(loaded), GREEDY)
+    engine.start()
+    engine.shutdown()

@@ -1,0 +1,62 @@
+"""Batching changes no output: every request's tokens equal those of running it alone (fp32,
+CPU), with requests arriving at different steps, three slots, a small budget, small chunks and
+a KV pool small enough to force preemption and recomputation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lucedesk.engine.kv_cache import blocks_for
+from lucedesk.engine.models.loader import load_model
+from tests.engine_harness import make_engine, random_jobs, run_alone, run_jobs
+
+TIGHT = dict(
+    max_slots=3,
+    block_size=16,
+    max_num_batched_tokens=24,
+    prefill_chunk_idle=16,
+    prefill_chunk_decoding=8,
+    decode_headroom_tokens=0,
+)
+
+
+def check_batched_equals_alone(loaded, jobs, **config):
+    # The pool holds the largest request and little more, so the others must make room.
+    largest = max(len(j.prompt) + j.params.max_tokens for j in jobs)
+    config["kv_pool_tokens"] = blocks_for(largest, config["block_size"]) * config["block_size"]
+    engine = make_engine(loaded, **config)
+    batched = run_jobs(engine, jobs)
+    assert engine.scheduler.num_preemptions > 0, "the pool was meant to force preemption"
+    alone = run_alone(loaded, jobs)
+    for i, (got, want) in enumerate(zip(batched, alone)):
+        assert got == want, f"request {i} (prompt {len(jobs[i].prompt)} tokens) differs"
+        assert len(got) == jobs[i].params.max_tokens
+    assert engine.scheduler.pool.num_free_blocks == engine.scheduler.pool.num_blocks
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_greedy_batched_equals_alone_tiny(tiny_models, arch, seed):
+    loaded = load_model(tiny_models[arch], torch.float32)
+    check_batched_equals_alone(loaded, random_jobs(loaded, 14, seed), **TIGHT)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_seeded_sampling_batched_equals_alone_tiny(tiny_models, arch):
+    loaded = load_model(tiny_models[arch], torch.float32)
+    check_batched_equals_alone(loaded, random_jobs(loaded, 14, 0, sampled=True), **TIGHT)
+
+
+@pytest.mark.default_model
+def test_greedy_batched_equals_alone_default_model(default_model):
+    loaded = load_model(default_model, torch.float32)
+    jobs = random_jobs(loaded, 12, 3)
+    check_batched_equals_alone(loaded, jobs, **TIGHT)
+
+
+@pytest.mark.default_model
+def test_seeded_sampling_batched_equals_alone_default_model(default_model):
+    loaded = load_model(default_model, torch.float32)
+    jobs = random_jobs(loaded, 14, 0, sampled=True)
+    check_batched_equals_alone(loaded, jobs, **TIGHT)

@@ -1,0 +1,242 @@
+"""The scheduling policy with plain Python objects: hundreds of randomized runs, invariants
+checked after every step, plus the rules one by one."""
+
+from __future__ import annotations
+
+import random
+import sys
+import zlib
+
+import pytest
+
+from lucedesk.config import EngineConfig
+from lucedesk.engine.kv_cache import BlockPool, blocks_for
+from lucedesk.engine.request import FinishReason, Phase, Request, SamplingParams
+from lucedesk.engine.scheduler import Scheduler
+from lucedesk.errors import RequestError
+
+
+def test_policy_modules_import_no_torch():
+    import subprocess
+
+    code = (
+        "import sys; import lucedesk.engine.scheduler, lucedesk.engine.kv_cache, "
+        "lucedesk.engine.request; assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def make_request(rid: str, prompt_len: int, max_tokens: int, stop: int | None = None) -> Request:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    return Request(
+        rid,
+        list(range(1, prompt_len + 1)),
+        params,
+        stop_ids=frozenset([stop] if stop is not None else []),
+    )
+
+
+def fake_token(req: Request) -> int:
+    """A deterministic 'model': the next token depends on the request and its length."""
+    return (zlib.crc32(req.request_id.encode()) + req.num_tokens * 7919) % 1000 + 1000
+
+
+def run_step(sched: Scheduler) -> list:
+    plan = sched.plan()
+    config = sched.config
+    # Budget and chunk limits.
+    assert plan.num_tokens <= config.max_num_batched_tokens
+    prefill_tokens = sum(r.num_tokens for r in plan.prefills)
+    cap = config.prefill_chunk_decoding if plan.decodes else config.prefill_chunk_idle
+    assert prefill_tokens <= cap
+    seen = set()
+    for row in plan.rows:
+        req = row.request
+        assert req.slot is not None, "a scheduled request without a slot"
+        assert req.request_id not in seen, "a request scheduled twice in one step"
+        seen.add(req.request_id)
+        # No slot without the blocks its tokens need.
+        assert len(req.block_ids) * config.block_size >= row.start + row.num_tokens
+        assert row.start == req.num_computed_tokens
+    for row in plan.decodes:
+        assert row.request.phase is Phase.DECODE and row.num_tokens == 1
+    sampled = {r.request.slot: fake_token(r.request) for r in plan.rows if r.sample}
+    sched.update(plan, sampled)
+    sched.check_integrity()
+    return plan
+
+
+def random_case(seed: int) -> None:
+    rng = random.Random(seed)
+    block_size = rng.choice([8, 16])
+    slots = rng.randint(1, 5)
+    budget = rng.randint(slots, 64)
+    config = EngineConfig(
+        max_slots=slots,
+        block_size=block_size,
+        max_num_batched_tokens=budget,
+        prefill_chunk_idle=rng.randint(1, 64),
+        prefill_chunk_decoding=rng.randint(1, 16),
+        decode_headroom_tokens=rng.choice([0, 1, 8]),
+    )
+    num_blocks = rng.randint(8, 40)
+    sched = Scheduler(config, num_blocks=num_blocks, max_model_len=10_000)
+    pending = []
+    for i in range(rng.randint(1, 25)):
+        prompt = rng.randint(1, 120)
+        out = rng.randint(1, 40)
+        if blocks_for(prompt + out, config.block_size) > num_blocks:
+            with pytest.raises(RequestError):
+                sched.add(make_request(f"r{i}", prompt, out))
+            continue
+        stop = 1000 + rng.randrange(1000) if rng.random() < 0.3 else None
+        pending.append((rng.randint(0, 30), make_request(f"r{i}", prompt, out, stop)))
+    pending.sort(key=lambda p: p[0])
+    all_reqs = [r for _, r in pending]
+    first_admitted: list[str] = []
+    step = 0
+    while pending or sched.running or sched.waiting:
+        while pending and pending[0][0] <= step:
+            sched.add(pending.pop(0)[1])
+        # Random cancellations, in any phase.
+        for req in all_reqs:
+            if not req.finished and rng.random() < 0.01:
+                req.cancel_requested = True
+        plan = run_step(sched)
+        for row in plan.rows:
+            if row.request.request_id not in first_admitted:
+                first_admitted.append(row.request.request_id)
+        step += 1
+        assert step < 20_000, "the scheduler stopped making progress"
+    # Every request ended, and every block came back.
+    assert all(r.finished for r in all_reqs)
+    assert sched.pool.num_free_blocks == num_blocks
+    assert sorted(sched.free_slots) == list(range(slots))
+    for r in all_reqs:
+        assert r.finish_reason in (FinishReason.STOP, FinishReason.LENGTH, FinishReason.CANCELLED)
+        if r.finish_reason is FinishReason.LENGTH:
+            assert r.num_output_tokens == r.params.max_tokens
+    # Strict FIFO: requests first ran in arrival order.
+    arrival = [r.request_id for r in all_reqs if r.request_id in first_admitted]
+    assert first_admitted == arrival
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_randomized_invariants(seed):
+    random_case(seed)
+
+
+def config(**kw) -> EngineConfig:
+    base = dict(
+        max_slots=2,
+        block_size=8,
+        max_num_batched_tokens=32,
+        prefill_chunk_idle=32,
+        prefill_chunk_decoding=4,
+        decode_headroom_tokens=0,
+    )
+    base.update(kw)
+    return EngineConfig(**base)
+
+
+def test_decode_rows_first_then_chunks_oldest_first():
+    sched = Scheduler(config(max_slots=3), num_blocks=32, max_model_len=1000)
+    a = make_request("a", 5, 10)
+    sched.add(a)
+    run_step(sched)  # a's whole prompt (idle chunk is large)
+    assert a.phase is Phase.DECODE
+    b, c = make_request("b", 10, 5), make_request("c", 10, 5)
+    sched.add(b)
+    sched.add(c)
+    plan = run_step(sched)
+    assert [r.request.request_id for r in plan.decodes] == ["a"]
+    # While something decodes, prompt work is capped at the small chunk, oldest first.
+    assert [(r.request.request_id, r.num_tokens) for r in plan.prefills] == [("b", 4)]
+
+
+def test_several_prompts_share_a_step():
+    sched = Scheduler(config(max_slots=3), num_blocks=32, max_model_len=1000)
+    for rid in "abc":
+        sched.add(make_request(rid, 10, 5))
+    plan = run_step(sched)
+    assert [(r.request.request_id, r.num_tokens) for r in plan.prefills] == [
+        ("a", 10),
+        ("b", 10),
+        ("c", 10),
+    ]
+
+
+def test_big_head_is_not_overtaken():
+    sched = Scheduler(config(max_slots=3), num_blocks=10, max_model_len=1000)
+    small1 = make_request("s1", 40, 30)  # 5 blocks reserved for its prompt
+    sched.add(small1)
+    run_step(sched)
+    big = make_request("big", 60, 10)  # needs 8 blocks: does not fit beside s1
+    small2 = make_request("s2", 4, 2)  # would fit, but must wait behind big
+    sched.add(big)
+    sched.add(small2)
+    for _ in range(3):
+        run_step(sched)
+        assert big.slot is None and small2.slot is None
+
+
+def test_preemption_takes_the_newest_and_recomputes():
+    sched = Scheduler(config(max_slots=2), num_blocks=4, max_model_len=1000)
+    old, new = make_request("old", 8, 20), make_request("new", 8, 20)
+    sched.add(old)
+    sched.add(new)
+    while not new.num_preemptions:
+        run_step(sched)
+    assert old.slot is not None and old.num_preemptions == 0
+    assert new.phase is Phase.PREEMPTED and not new.block_ids
+    assert sched.waiting[0] is new
+    generated = list(new.output_ids)
+    while not (old.finished and new.finished):
+        run_step(sched)
+    assert new.output_ids[: len(generated)] == generated  # kept across the recompute
+    assert new.num_output_tokens == 20
+
+
+@pytest.mark.parametrize("phase", ["waiting", "prefill", "decode"])
+def test_cancel_in_every_phase_returns_blocks(phase):
+    sched = Scheduler(config(max_slots=1, prefill_chunk_idle=4), num_blocks=16, max_model_len=1000)
+    blocker = make_request("blocker", 4, 3)
+    req = make_request("r", 12, 10)
+    if phase == "waiting":
+        sched.add(blocker)
+        run_step(sched)
+    sched.add(req)
+    while req.phase.value != phase:
+        run_step(sched)
+    req.cancel_requested = True
+    run_step(sched)
+    assert req.finish_reason is FinishReason.CANCELLED
+    assert req.slot is None and not req.block_ids
+    while sched.running or sched.waiting:
+        run_step(sched)
+    assert sched.pool.num_free_blocks == 16
+
+
+def test_impossible_requests_rejected_at_submit():
+    sched = Scheduler(config(), num_blocks=4, max_model_len=100)
+    with pytest.raises(RequestError, match="beyond the context limit of 100"):
+        sched.add(make_request("long", 90, 20))
+    with pytest.raises(RequestError, match="pool holds 4"):
+        sched.add(make_request("huge", 30, 10))
+    with pytest.raises(RequestError, match="empty"):
+        sched.add(make_request("empty", 0, 10))
+
+
+def test_block_pool_check_and_act():
+    pool = BlockPool(4, 16)
+    assert pool.can_allocate(4) and not pool.can_allocate(5)
+    ids = pool.allocate(3)
+    pool.check_integrity([ids])
+    with pytest.raises(RuntimeError):
+        pool.allocate(2)
+    pool.free(ids)
+    pool.check_integrity([])
+    with pytest.raises(RuntimeError):
+        pool.free(ids)
+    with pytest.raises(AssertionError):
+        pool.check_integrity([[0]])
