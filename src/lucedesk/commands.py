@@ -24,13 +24,13 @@ def engine_config(args: argparse.Namespace):
 
 
 def build_from_args(args: argparse.Namespace) -> BuiltEngine:
-    from lucedesk.engine.build import build_engine
+    from lucedesk.engine.build import launch_engine
     from lucedesk.pull import resolve_model
 
     chosen, config, why = engine_config(args)
     say(f"lucedesk: {why}")
     model = resolve_model(getattr(args, "model", None), say)
-    return build_engine(model, config)
+    return launch_engine(model, config)
 
 
 def sampling_from_args(args: argparse.Namespace):
@@ -54,7 +54,7 @@ def run_prompt(args: argparse.Namespace) -> int:
         [] if any(s.startswith("kv_pool_tokens") for s in args.set) else ["kv_pool_tokens=8192"]
     )
     built = build_from_args(args)
-    engine, tokenizer = built.engine.start(), built.loaded.tokenizer
+    engine, tokenizer = built.engine, built.loaded.tokenizer
     try:
         if args.raw:
             prompt_ids = tokenizer.encode(args.prompt)
@@ -93,7 +93,7 @@ def bench(args: argparse.Namespace) -> int:
             f"--concurrency {args.concurrency!r}: expected numbers like 1,2,4"
         ) from None
     built = build_from_args(args)
-    engine = built.engine.start()
+    engine = built.engine
     try:
         say(
             f"offline bench: {args.num_requests} requests per level, prompt {args.input_len}, "

@@ -67,10 +67,17 @@ class Engine:
     # -- public API (any thread) ------------------------------------------------------------
 
     def start(self) -> Engine:
+        """Step the engine on a new thread (see build.launch_engine for the usual way)."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="lucedesk-engine", daemon=True)
+            self._thread = threading.Thread(
+                target=self.run_forever, name="lucedesk-engine", daemon=True
+            )
             self._thread.start()
         return self
+
+    def adopt_thread(self, thread: threading.Thread) -> None:
+        """Record the thread that calls run_forever(), so shutdown() can wait for it."""
+        self._thread = thread
 
     def submit(
         self,
@@ -127,7 +134,8 @@ class Engine:
 
     # -- engine thread ----------------------------------------------------------------------
 
-    def _run(self) -> None:
+    def run_forever(self) -> None:
+        """The engine thread's loop, until shutdown()."""
         deadline = None
         while True:
             self._take_inbox()

@@ -53,7 +53,7 @@ class TorchSeqEngine:
         self.block_size = block_size
         self.device = torch.device(device)
         self.backend = get_attention_backend(attention)
-        shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)
+        shape = (c.num_kv_heads, num_blocks, block_size, c.head_dim)
         self.k_caches = [torch.zeros(shape, dtype=model.dtype, device=device) for _ in model.layers]
         self.v_caches = [torch.zeros(shape, dtype=model.dtype, device=device) for _ in model.layers]
         self.scale = c.head_dim**-0.5

@@ -1,12 +1,14 @@
 """Paged attention in plain torch: the CPU path and the reference for the Triton kernels.
 
-KV cache layout, one pair of tensors per layer:
+KV cache layout, one pair of tensors per layer, KV head outermost:
 
-    k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]
+    k_cache, v_cache: [num_kv_heads, num_blocks, block_size, head_dim]
 
 A sequence's token at position p lives in block `block_table[p // block_size]`, row
-`p % block_size`; flattened, that is cache row `block * block_size + p % block_size`
-(its "slot"). A step's rows are ordered decode rows first (one query each), then prompt
+`p % block_size`; flattened over (block, row), that is cache row
+`block * block_size + p % block_size` (its "slot"). Head-major blocks make a gathered
+sequence `[kv_heads, tokens, head_dim]` contiguous, the layout attention multiplies with,
+so no copy is needed between the gather and the matmuls. A step's rows are ordered decode rows first (one query each), then prompt
 chunks, each chunk the next `query_len` positions of its sequence.
 """
 
@@ -27,8 +29,9 @@ def write_kv_torch(
 ) -> None:
     """k, v: [num_tokens, num_kv_heads, head_dim]; slot_mapping: [num_tokens] cache rows."""
     kv_heads, head_dim = k.shape[1], k.shape[2]
-    k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    rows = slot_mapping
+    k_cache.view(kv_heads, -1, head_dim).index_copy_(1, rows, k.transpose(0, 1).to(k_cache.dtype))
+    v_cache.view(kv_heads, -1, head_dim).index_copy_(1, rows, v.transpose(0, 1).to(v_cache.dtype))
 
 
 def paged_attention_torch(
@@ -56,9 +59,9 @@ def paged_attention_torch(
 
 
 def _gather(cache: torch.Tensor, block_table: torch.Tensor, num_blocks: int) -> torch.Tensor:
-    """[..., num_blocks] block ids -> [..., num_blocks * block_size, kv_heads, head_dim]."""
-    blocks = cache[block_table[..., :num_blocks]]  # [..., nb, bs, kvh, hd]
-    return blocks.flatten(-4, -3)
+    """block ids [..., num_blocks] -> [kv_heads, ..., num_blocks * block_size, head_dim]."""
+    blocks = cache[:, block_table[..., :num_blocks]]  # [kvh, ..., nb, bs, hd], contiguous
+    return blocks.flatten(-3, -2)
 
 
 def _decode(
@@ -70,22 +73,20 @@ def _decode(
 ) -> torch.Tensor:
     # q: [D, nh, hd]; one query per sequence, grouped by KV head so K/V are never repeated.
     nd = meta.num_decodes
-    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
-    seq_lens = meta.seq_lens[:nd]
+    kv_heads, block_size = k_cache.shape[0], k_cache.shape[2]
     max_len = max(meta.seq_lens_cpu[:nd])
     nb = -(-max_len // block_size)
-    keys = _gather(k_cache, meta.block_tables[:nd], nb)  # [D, L, kvh, hd]
+    keys = _gather(k_cache, meta.block_tables[:nd], nb)  # [kvh, D, L, hd]
     values = _gather(v_cache, meta.block_tables[:nd], nb)
     D, nh, hd = q.shape
-    group = nh // kv_heads
-    qg = q.view(D, kv_heads, group, hd)
-    scores = torch.matmul(qg, keys.permute(0, 2, 3, 1)).float() * scale  # [D, kvh, g, L]
-    positions = torch.arange(keys.shape[1], device=q.device)
-    invalid = positions[None, :] >= seq_lens[:, None]  # [D, L]
-    scores.masked_fill_(invalid[:, None, None, :], float("-inf"))
+    qg = q.view(D, kv_heads, nh // kv_heads, hd).transpose(0, 1)  # [kvh, D, g, hd]
+    scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * scale  # [kvh, D, g, L]
+    positions = torch.arange(keys.shape[2], device=q.device)
+    invalid = positions[None, :] >= meta.seq_lens[:nd, None]  # [D, L]
+    scores.masked_fill_(invalid[None, :, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(q.dtype)
-    out = torch.matmul(probs, values.permute(0, 2, 1, 3))  # [D, kvh, g, hd]
-    return out.reshape(D, nh, hd)
+    out = torch.matmul(probs, values)  # [kvh, D, g, hd]
+    return out.transpose(0, 1).reshape(D, nh, hd)
 
 
 def _prefill(
@@ -97,18 +98,18 @@ def _prefill(
     scale: float,
 ) -> torch.Tensor:
     # q: [n, nh, hd], the last n positions of a sequence whose cache holds seq_len tokens.
-    block_size = k_cache.shape[1]
+    block_size = k_cache.shape[2]
     nb = -(-seq_len // block_size)
-    keys = _gather(k_cache, block_table, nb)[:seq_len]  # [L, kvh, hd]
-    values = _gather(v_cache, block_table, nb)[:seq_len]
+    keys = _gather(k_cache, block_table, nb)[:, :seq_len]  # [kvh, L, hd]
+    values = _gather(v_cache, block_table, nb)[:, :seq_len]
     n = q.shape[0]
     # Row i sits at position seq_len - n + i and sees keys 0..that position.
     query_pos = torch.arange(seq_len - n, seq_len, device=q.device)
     mask = torch.arange(seq_len, device=q.device)[None, :] <= query_pos[:, None]  # [n, L]
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1),  # [nh, n, hd]
-        keys.transpose(0, 1),
-        values.transpose(0, 1),
+        keys,
+        values,
         attn_mask=mask,
         scale=scale,
         enable_gqa=True,
