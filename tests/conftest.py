@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 from pathlib import Path
 
@@ -129,11 +128,3 @@ def wait_until(predicate, timeout: float = 30.0, interval: float = 0.01) -> None
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         time.sleep(interval)
-
-
-@pytest.fixture(autouse=True)
-def _no_leaked_engine_threads():
-    yield
-    leaked = [t for t in threading.enumerate() if t.name == "lucedesk-engine" and t.is_alive()]
-    for t in leaked:
-        t.join(5)

@@ -166,3 +166,22 @@ def show_profiles(args: argparse.Namespace) -> int:
     print(f"  context limit            {max_len} tokens")
     print(f"  full-length contexts     {pool // max_len} at once (of {config.max_slots} slots)")
     return 0
+
+
+def serve(args: argparse.Namespace) -> int:
+    import os
+
+    from lucedesk.server import check_host, create_app
+    from lucedesk.server.run import serve_forever
+
+    api_key = args.api_key or os.environ.get("LUCEDESK_API_KEY") or None
+    check_host(args.host, api_key)
+    built = build_from_args(args)
+    app = create_app(built.engine, model_name=args.served_model_name, api_key=api_key)
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    say(f"lucedesk: serving {built.loaded.name} at http://{host}:{args.port}/v1")
+    try:
+        serve_forever(app, args.host, args.port)
+    finally:
+        built.engine.shutdown()
+    return 0

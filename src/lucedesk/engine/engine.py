@@ -114,6 +114,12 @@ class Engine:
         self._inbox.append(("cancel", request_id))
         self._wake.set()
 
+    @property
+    def max_request_tokens(self) -> int:
+        """The most tokens (prompt + output) one request can hold: the whole KV pool."""
+        pool = self.scheduler.pool
+        return pool.num_blocks * pool.block_size
+
     def stats(self) -> EngineStats:
         return self._stats
 

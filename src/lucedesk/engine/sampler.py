@@ -40,7 +40,9 @@ class Sampler:
         if p.top_p < 1.0:
             sorted_probs, order = probs.sort(descending=True)
             before = sorted_probs.cumsum(0) - sorted_probs  # mass of strictly better tokens
-            sorted_probs[before >= p.top_p] = 0.0
+            remove = before >= p.top_p
+            remove[0] = False  # the best token always stays, however small top_p is
+            sorted_probs[remove] = 0.0
             probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
         if p.min_p > 0.0:
             probs[probs < p.min_p * probs.max()] = 0.0
