@@ -8,8 +8,10 @@ A sequence's token at position p lives in block `block_table[p // block_size]`, 
 `p % block_size`; flattened over (block, row), that is cache row
 `block * block_size + p % block_size` (its "slot"). Head-major blocks make a gathered
 sequence `[kv_heads, tokens, head_dim]` contiguous, the layout attention multiplies with,
-so no copy is needed between the gather and the matmuls. A step's rows are ordered decode rows first (one query each), then prompt
-chunks, each chunk the next `query_len` positions of its sequence.
+so no copy is needed between the gather and the matmuls.
+
+A step's rows are ordered decode rows first (one query each), then prompt chunks, each
+chunk the next `query_len` positions of its sequence.
 """
 
 from __future__ import annotations
