@@ -185,3 +185,29 @@ def serve(args: argparse.Namespace) -> int:
     finally:
         built.engine.shutdown()
     return 0
+
+
+def tui(args: argparse.Namespace) -> int:
+    import os
+    from pathlib import Path
+
+    import platformdirs
+
+    from lucedesk.tui.app import LucedeskApp
+    from lucedesk.tui.engine_host import EngineHost
+    from lucedesk.tui.store import Store
+
+    overrides = list(args.set)
+    if args.no_prefix_cache:
+        overrides.append("prefix_cache=false")
+    data = Path(os.environ.get("LUCEDESK_DATA_DIR") or platformdirs.user_data_dir("lucedesk"))
+    host = EngineHost(
+        args.model, args.profile, overrides, http=not args.no_http, host=args.host, port=args.port
+    )
+    if not args.no_http:
+        from lucedesk.server import check_host
+
+        check_host(args.host, None)
+    app = LucedeskApp(host, Store(data / "sessions.db"))
+    app.run()
+    return app.return_code or 0

@@ -120,6 +120,16 @@ class RequestHandle:
             if out.finished:
                 return
 
+    def take_ready(self) -> list[RequestOutput]:
+        """Every output already buffered, without waiting (readers that render, like the TUI,
+        handle a burst in one go)."""
+        with self._lock:
+            ready = list(self._events)
+            self._events.clear()
+            if ready and ready[-1].finished:
+                self._read_final = True
+            return ready
+
     def result(self, timeout: float | None = None) -> Completion:
         with self._lock:
             if not self._ready.wait_for(lambda: self._final is not None, timeout):

@@ -1,0 +1,1 @@
+"""The lucedesk terminal UI (Textual)."""

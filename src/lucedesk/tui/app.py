@@ -1,0 +1,61 @@
+"""The lucedesk Textual app: owns the engine host and the session store; screens do the rest."""
+
+from __future__ import annotations
+
+from textual.app import App, SystemCommand
+from textual.screen import Screen
+
+from lucedesk.tui.engine_host import EngineHost
+from lucedesk.tui.screens.loading import LoadingScreen
+from lucedesk.tui.store import Store
+
+
+class LucedeskApp(App):
+    CSS_PATH = "app.tcss"
+    TITLE = "lucedesk"
+
+    def __init__(self, host: EngineHost, store: Store) -> None:
+        super().__init__()
+        self.host = host
+        self.store = store
+
+    def on_mount(self) -> None:
+        self.push_screen(LoadingScreen())
+
+    def engine_ready(self) -> None:
+        from lucedesk.tui.screens.main import MainScreen
+
+        self.update_subtitle()
+        if self.host.http_error:
+            self.notify(f"HTTP is off: {self.host.http_error}", severity="warning", timeout=8)
+        self.switch_screen(MainScreen())
+
+    def engine_switched(self) -> None:
+        self.update_subtitle()
+        self.notify(f"Engine running with profile {self.host.profile.name}.")
+
+    def update_subtitle(self) -> None:
+        host = self.host
+        parts = [host.built.loaded.name, f"profile {host.profile.name}"]
+        parts.append(f"{host.url}/v1" if host.url else "HTTP off")
+        self.sub_title = " · ".join(parts)
+
+    def startup_failed(self, message: str) -> None:
+        self.exit(return_code=2, message=f"lucedesk: error: {message}")
+
+    def get_system_commands(self, screen: Screen):
+        yield from super().get_system_commands(screen)
+        from lucedesk.tui.screens.main import MainScreen
+
+        if not isinstance(screen, MainScreen):
+            return
+        for binding in screen.BINDINGS:
+            yield SystemCommand(
+                binding.description,
+                f"key: {binding.key}",
+                lambda action=binding.action: screen.run_action(action),
+            )
+
+    def on_unmount(self) -> None:
+        self.host.stop()
+        self.store.close()

@@ -1,0 +1,26 @@
+"""Messages the TUI's widgets post to their screen."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.message import Message
+
+
+@dataclass
+class PromptSubmitted(Message):
+    """The user pressed Enter in a pane's input."""
+
+    text: str
+
+
+@dataclass
+class SessionChosen(Message):
+    """A session was picked in the sidebar."""
+
+    session_id: int
+
+
+@dataclass
+class SessionsChanged(Message):
+    """A pane created or renamed a session: the sidebar lists them again."""

@@ -1,0 +1,200 @@
+"""The main screen: sessions sidebar, 1-4 chat panes side by side, the slot monitor."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.events import DescendantFocus
+from textual.screen import Screen
+from textual.widgets import Footer, Header
+
+from lucedesk.tui.messages import SessionChosen, SessionsChanged
+from lucedesk.tui.store import Session
+from lucedesk.tui.widgets.chat_pane import ChatPane
+from lucedesk.tui.widgets.session_list import SessionList
+from lucedesk.tui.widgets.slot_monitor import SlotMonitor
+
+MAX_PANES = 4
+
+
+class MainScreen(Screen):
+    CSS_PATH = "main.tcss"
+    BINDINGS = [
+        Binding("escape", "stop", "Stop reply"),
+        Binding("ctrl+n", "new_session", "New chat"),
+        Binding("ctrl+s", "split", "Split"),
+        Binding("ctrl+w", "unsplit", "Close pane"),
+        Binding("f6", "next_pane", "Next pane"),
+        Binding("ctrl+g", "toggle_monitor", "Monitor"),
+        Binding("ctrl+r", "regenerate", "Regenerate"),
+        Binding("ctrl+y", "copy_reply", "Copy reply"),
+        Binding("ctrl+f", "fanout", "Fan out"),
+        Binding("ctrl+e", "export", "Export", show=False),
+        Binding("f8", "profiles", "Profiles"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.active: ChatPane | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal(id="body"):
+            yield SessionList(id="sessions")
+            yield Horizontal(id="panes")
+        yield SlotMonitor(self.current_stats)
+        yield Footer()
+
+    def current_stats(self):
+        host = self.app.host
+        return host.engine.stats() if host.built is not None else None
+
+    async def on_mount(self) -> None:
+        store = self.app.store
+        sessions = store.sessions()
+        session = sessions[-1] if sessions else store.create_session("Chat 1")
+        self.refresh_sessions()
+        await self.add_pane(session)
+
+    # -- panes ------------------------------------------------------------------------------
+
+    @property
+    def panes(self) -> list[ChatPane]:
+        return list(self.query(ChatPane))
+
+    async def add_pane(self, session: Session) -> ChatPane:
+        pane = ChatPane(session)
+        await self.query_one("#panes").mount(pane)
+        self.active = pane
+        pane.focus_input()
+        return pane
+
+    def on_descendant_focus(self, event: DescendantFocus) -> None:
+        for node in event.widget.ancestors_with_self:
+            if isinstance(node, ChatPane):
+                self.active = node
+                break
+
+    def pane(self) -> ChatPane | None:
+        if self.active is not None and self.active.is_attached:
+            return self.active
+        panes = self.panes
+        return panes[0] if panes else None
+
+    def refresh_sessions(self) -> None:
+        self.query_one(SessionList).show(self.app.store.sessions())
+
+    def on_sessions_changed(self, message: SessionsChanged) -> None:
+        self.refresh_sessions()
+
+    async def on_session_chosen(self, message: SessionChosen) -> None:
+        pane = self.pane()
+        target = next((s for s in self.app.store.sessions() if s.id == message.session_id), None)
+        if target is None:
+            return
+        shown = next((p for p in self.panes if p.session.id == target.id), None)
+        if shown is not None:
+            shown.focus_input()
+            return
+        if pane is None or pane.busy:
+            self.app.notify(
+                "That pane is answering; pick another pane or press Esc.", severity="warning"
+            )
+            return
+        await pane.show_session(target)
+        pane.focus_input()
+
+    # -- actions ----------------------------------------------------------------------------
+
+    def action_stop(self) -> None:
+        pane = self.pane()
+        if pane is not None and pane.stop():
+            self.app.notify("Stopped.")
+
+    async def action_new_session(self) -> None:
+        pane = self.pane()
+        if pane is not None and pane.busy:
+            self.app.notify("This pane is answering; split first or press Esc.", severity="warning")
+            return
+        count = len(self.app.store.sessions()) + 1
+        session = self.app.store.create_session(f"Chat {count}")
+        self.refresh_sessions()
+        if pane is None:
+            await self.add_pane(session)
+        else:
+            await pane.show_session(session)
+            pane.focus_input()
+
+    async def action_split(self) -> None:
+        if len(self.panes) >= MAX_PANES:
+            self.app.notify(f"At most {MAX_PANES} panes side by side.", severity="warning")
+            return
+        count = len(self.app.store.sessions()) + 1
+        session = self.app.store.create_session(f"Chat {count}")
+        self.refresh_sessions()
+        await self.add_pane(session)
+
+    async def action_unsplit(self) -> None:
+        pane = self.pane()
+        if pane is None or len(self.panes) == 1:
+            self.app.notify("The last pane stays.", severity="warning")
+            return
+        pane.stop()
+        await pane.remove()
+        self.active = self.panes[-1]
+        self.active.focus_input()
+
+    def action_next_pane(self) -> None:
+        panes = self.panes
+        if not panes:
+            return
+        current = self.pane()
+        index = panes.index(current) if current in panes else -1
+        panes[(index + 1) % len(panes)].focus_input()
+
+    def action_toggle_monitor(self) -> None:
+        monitor = self.query_one(SlotMonitor)
+        monitor.toggle_class("visible")
+        monitor.refresh_stats()
+
+    async def action_regenerate(self) -> None:
+        pane = self.pane()
+        if pane is not None:
+            await pane.regenerate()
+
+    def action_copy_reply(self) -> None:
+        pane = self.pane()
+        text = pane.last_reply() if pane else None
+        if not text:
+            self.app.notify("No reply to copy yet.", severity="warning")
+            return
+        self.app.copy_to_clipboard(text)
+        self.app.notify("Last reply copied.")
+
+    def action_export(self) -> None:
+        pane = self.pane()
+        if pane is not None:
+            self.app.notify(f"Exported to {pane.export()}")
+
+    def action_fanout(self) -> None:
+        from lucedesk.tui.screens.dialogs import FanoutDialog
+
+        pane = self.pane()
+        if pane is None:
+            return
+
+        def chosen(result: tuple[int, str] | None) -> None:
+            if result is None:
+                return
+            try:
+                pane.start_fanout(*result)
+            except ValueError as exc:
+                self.app.notify(f"Fan-out: {exc}", severity="error")
+
+        self.app.push_screen(FanoutDialog(), chosen)
+
+    def action_profiles(self) -> None:
+        from lucedesk.tui.screens.profiles import ProfilesScreen
+
+        self.app.push_screen(ProfilesScreen())

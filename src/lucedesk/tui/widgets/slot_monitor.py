@@ -1,0 +1,92 @@
+"""The slot monitor: one row per engine slot, the KV pool, throughput, queue and preemptions.
+Refreshed on a timer (4 Hz) from the engine's stats snapshot, never per token."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widgets import DataTable, Label, ProgressBar, Sparkline
+
+from lucedesk.engine.stats import EngineStats, SlotStats
+
+REFRESH_S = 0.25
+
+
+def phase_text(slot: SlotStats) -> str:
+    if slot.request_id is None:
+        return "idle"
+    if slot.phase == "prefill":
+        return f"prefill {slot.computed_tokens}/{slot.context_tokens}"
+    return slot.phase
+
+
+class SlotMonitor(Vertical):
+    DEFAULT_CSS = """
+    SlotMonitor { height: 45%; border: round $secondary; display: none; }
+    SlotMonitor.visible { display: block; }
+    SlotMonitor > DataTable { height: 1fr; }
+    SlotMonitor #pool { height: 1; }
+    SlotMonitor #pool ProgressBar { width: 40; }
+    SlotMonitor #rate { height: 3; }
+    SlotMonitor Sparkline { width: 1fr; }
+    SlotMonitor Label { padding: 0 1; }
+    """
+
+    def __init__(self, stats: Callable[[], EngineStats | None]) -> None:
+        super().__init__()
+        self.border_title = "slots"
+        self._stats = stats
+        self._rates: deque[float] = deque([0.0] * 60, maxlen=60)
+
+    def compose(self) -> ComposeResult:
+        table = DataTable(zebra_stripes=True, cursor_type="none")
+        table.add_columns("slot", "owner", "phase", "context", "blocks", "tok/s", "TTFT")
+        yield table
+        with Horizontal(id="pool"):
+            yield Label("KV", id="kv-label")
+            yield ProgressBar(total=1, show_eta=False, show_percentage=True, id="kv")
+            yield Label("", id="kv-text")
+        with Horizontal(id="rate"):
+            yield Sparkline(list(self._rates), summary_function=max)
+            yield Label("", id="summary")
+
+    def on_mount(self) -> None:
+        self.set_interval(REFRESH_S, self.refresh_stats)
+
+    def refresh_stats(self) -> None:
+        stats = self._stats()
+        if stats is None or not self.has_class("visible"):
+            return
+        table = self.query_one(DataTable)
+        table.clear()
+        for slot in stats.slots:
+            busy = slot.request_id is not None
+            table.add_row(
+                str(slot.slot),
+                slot.owner if busy else "",
+                phase_text(slot),
+                str(slot.context_tokens) if busy else "",
+                str(slot.blocks) if busy else "",
+                f"{slot.tokens_per_s:.1f}" if busy else "",
+                f"{slot.ttft_s * 1000:.0f} ms" if busy and slot.ttft_s is not None else "",
+            )
+        self.query_one("#kv", ProgressBar).update(
+            total=max(stats.blocks_total, 1), progress=stats.blocks_used
+        )
+        self.query_one("#kv-text", Label).update(
+            f"{stats.blocks_used}/{stats.blocks_total} blocks of {stats.block_size} tokens"
+        )
+        self._rates.append(stats.tokens_per_s)
+        self.query_one(Sparkline).data = list(self._rates)
+        hits = (
+            f" · prefix-cache hits {stats.prefix_cache_hit_tokens} tok"
+            if stats.prefix_cache_queries
+            else ""
+        )
+        self.query_one("#summary", Label).update(
+            f"{stats.tokens_per_s:.1f} tok/s · running {stats.num_running} · "
+            f"queued {stats.num_waiting} · preemptions {stats.num_preemptions}{hits}"
+        )

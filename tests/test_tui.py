@@ -1,0 +1,290 @@
+"""The TUI driven by Textual's pilot, on a tiny random model."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import replace
+
+import httpx
+import pytest
+
+from lucedesk.engine.runner import TorchSeqEngine
+from lucedesk.tui.app import LucedeskApp
+from lucedesk.tui.engine_host import EngineHost
+from lucedesk.tui.screens.main import MainScreen
+from lucedesk.tui.store import Store
+from lucedesk.tui.widgets.chat_input import ChatInput
+from lucedesk.tui.widgets.chat_pane import ChatPane
+from lucedesk.tui.widgets.slot_monitor import SlotMonitor
+
+SIZE = (140, 44)
+DECODING: list[set[str]] = []
+
+
+def decoded_together(*prefixes: str) -> bool:
+    """Some step decoded a row of every owner starting with each prefix."""
+    return any(all(any(o.startswith(p) for o in step) for p in prefixes) for step in DECODING)
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch, tiny_llama):
+    # Profiles, sessions and exports all under the test's own folders.
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("XDG_DOCUMENTS_DIR", str(tmp_path / "docs"))
+    # A random model emits its end token at random; replies here run to their max tokens.
+    params = ChatPane.params
+    monkeypatch.setattr(
+        ChatPane,
+        "params",
+        lambda self, n, engine: replace(params(self, n, engine), ignore_eos=True),
+    )
+    # The tiny model needs ~1 ms a step; 20 ms more keeps replies running long enough to watch.
+    # Each step's decoding owners are recorded, so tests can tell what ran at the same time.
+    execute = TorchSeqEngine.execute
+
+    def slowed(self, plan):
+        DECODING.append({row.request.owner for row in plan.decodes})
+        time.sleep(0.02)
+        return execute(self, plan)
+
+    DECODING.clear()
+    monkeypatch.setattr(TorchSeqEngine, "execute", slowed)
+    return tmp_path, tiny_llama
+
+
+def make_app(env, http: bool = False, slots: int = 4) -> LucedeskApp:
+    tmp, model = env
+    host = EngineHost(
+        str(model),
+        "cpu",
+        [f"max_slots={slots}", "kv_pool_tokens=8192", "max_model_len=1024"],
+        http=http,
+        port=0,
+    )
+    app = LucedeskApp(host, Store(tmp / "sessions.db"))
+    app.notices = []
+    real_notify = app.notify
+
+    def notify(message, *args, **kwargs):
+        app.notices.append((str(message), kwargs.get("severity", "information")))
+        return real_notify(message, *args, **kwargs)
+
+    app.notify = notify
+    return app
+
+
+async def wait_for(pilot, predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await pilot.pause(0.05)
+
+
+async def started(pilot) -> MainScreen:
+    await wait_for(pilot, lambda: isinstance(pilot.app.screen, MainScreen))
+    await wait_for(pilot, lambda: bool(pilot.app.screen.panes))
+    await pilot.pause(0.1)  # let the header finish mounting before a test can end the app
+    return pilot.app.screen
+
+
+async def type_and_send(pilot, pane: ChatPane, text: str) -> None:
+    box = pane.query_one(ChatInput)
+    box.focus()
+    box.text = text
+    await pilot.press("enter")
+    await pilot.pause()
+
+
+def decoding(app) -> int:
+    return sum(s.phase == "decode" for s in app.host.engine.stats().slots)
+
+
+async def test_two_panes_generate_at_once(env):
+    app = make_app(env)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await started(pilot)
+        first = screen.panes[0]
+        await type_and_send(pilot, first, "/max 900")
+        await type_and_send(pilot, first, "tell me everything")
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        second = screen.panes[1]
+        await type_and_send(pilot, second, "/max 900")
+        await type_and_send(pilot, second, "and you too")
+        await pilot.press("ctrl+g")
+        monitor = screen.query_one(SlotMonitor)
+        await wait_for(pilot, lambda: decoding(app) == 2)
+        assert decoded_together("pane:Chat 1", "pane:Chat 2")
+        monitor.refresh_stats()
+        table = monitor.query_one("DataTable")
+        phases = [table.get_row_at(i)[2] for i in range(table.row_count)]
+        owners = {table.get_row_at(i)[1] for i in range(table.row_count)}
+        assert phases.count("decode") == 2
+        assert {"pane:Chat 1", "pane:Chat 2"} <= owners
+        await pilot.press("escape")  # the focused pane (the second) stops
+        await wait_for(pilot, lambda: not second.busy)
+        assert first.busy
+        first.stop()
+        await wait_for(pilot, lambda: not first.busy and not second.busy)
+
+
+async def test_escape_mid_reply_frees_the_slot(env):
+    app = make_app(env)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await started(pilot)
+        pane = screen.panes[0]
+        await type_and_send(pilot, pane, "/max 900")
+        await type_and_send(pilot, pane, "a long answer please")
+        await wait_for(pilot, lambda: decoding(app) == 1)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not pane.busy)
+        stats = app.host.engine.stats()
+        await wait_for(pilot, lambda: app.host.engine.stats().blocks_used == 0)
+        assert stats.num_running == 0
+        assert pane.session.messages[-1]["role"] == "assistant"
+
+
+async def test_fanout_keeps_slots_busy_then_merges(env):
+    app = make_app(env, slots=4)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await started(pilot)
+        pane = screen.panes[0]
+        await type_and_send(pilot, pane, "/max 60")
+        await type_and_send(pilot, pane, "/fanout 4 list some ideas")
+        await wait_for(pilot, lambda: len(pane.session.messages) == 2, 60)
+        assert decoded_together("sub1:", "sub2:", "sub3:", "sub4:")
+        merged = pane.session.messages[-1]
+        assert merged["role"] == "assistant"
+        assert all(f"### Subagent {i}" in merged["content"] for i in range(1, 5))
+        assert len(app.store.sessions("subagent")) == 4
+        # The parent continues from the merged answer.
+        await type_and_send(pilot, pane, "/max 5")
+        await type_and_send(pilot, pane, "summarize")
+        await wait_for(pilot, lambda: len(pane.session.messages) == 4)
+
+
+async def test_bad_input_gets_notices(env):
+    app = make_app(env, slots=2)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await started(pilot)
+        pane = screen.panes[0]
+        for line in [
+            "   ",
+            "/nope",
+            "/fanout 0 x",
+            "/fanout 3 too many",
+            "/fanout 2",
+            "/temp hot",
+            "/max -4",
+        ]:
+            await type_and_send(pilot, pane, line)
+        severities = [sev for _, sev in app.notices]
+        texts = " | ".join(t for t, _ in app.notices)
+        assert "Type a message first" in texts and "Unknown command /nope" in texts
+        assert texts.count("between 1 and the engine's 2 slots") == 2
+        assert "say what the subagents should do" in texts
+        assert "/temp: expected a number, got 'hot'" in texts
+        assert "/max: max tokens must be at least 1" in texts
+        assert severities.count("error") >= 6
+        assert app.host.engine.running and pane.session.messages == []
+
+
+async def test_sessions_survive_a_restart(env):
+    app = make_app(env)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await started(pilot)
+        pane = screen.panes[0]
+        await type_and_send(pilot, pane, "/max 8")
+        await type_and_send(pilot, pane, "/title remembered")
+        await type_and_send(pilot, pane, "hello there")
+        await wait_for(pilot, lambda: len(pane.session.messages) == 2)
+        reply = pane.session.messages[-1]["content"]
+    again = make_app(env)
+    async with again.run_test(size=SIZE) as pilot:
+        screen = await started(pilot)
+        pane = screen.panes[0]
+        assert pane.session.title == "remembered" and pane.session.max_tokens == 8
+        assert [m["content"] for m in pane.session.messages] == ["hello there", reply]
+        items = screen.query("SessionList ListItem")
+        assert len(items) == 1
+
+
+async def test_http_request_shows_in_monitor(env):
+    app = make_app(env, http=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        url = app.host.url
+        assert url and url in app.sub_title
+
+        seen = threading.Event()
+
+        def call():
+            with httpx.stream(
+                "POST",
+                url + "/v1/completions",
+                timeout=60,
+                json={"prompt": "hi", "max_tokens": 900, "stream": True, "ignore_eos": True},
+                headers={"X-Lucedesk-Client": "my-editor"},
+            ) as r:
+                for _ in r.iter_lines():
+                    if seen.is_set():
+                        break  # hanging up cancels the request
+
+        task = asyncio.get_running_loop().run_in_executor(None, call)
+        await wait_for(
+            pilot, lambda: any(s.owner == "http:my-editor" for s in app.host.engine.stats().slots)
+        )
+        await pilot.press("ctrl+g")
+        monitor = app.screen.query_one(SlotMonitor)
+        monitor.refresh_stats()
+        table = monitor.query_one("DataTable")
+        owners = {table.get_row_at(i)[1] for i in range(table.row_count)}
+        seen.set()
+        await task
+        assert "http:my-editor" in owners
+
+
+async def test_profile_switch_rebuilds_engine_and_keeps_chats(env):
+    tmp, _ = env
+    user_profiles = tmp / "config" / "lucedesk" / "profiles"
+    user_profiles.mkdir(parents=True)
+    (user_profiles / "tiny.toml").write_text(
+        'description = "small test profile"\n[match]\nbackend = "cpu"\n'
+        "[engine]\nprefill_chunk_idle = 64\nmax_num_batched_tokens = 64\n"
+    )
+    app = make_app(env)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await started(pilot)
+        pane = screen.panes[0]
+        await type_and_send(pilot, pane, "/max 300")
+        await type_and_send(pilot, pane, "keep going")
+        await wait_for(pilot, lambda: decoding(app) == 1)
+        old_engine = app.host.engine
+        await pilot.press("f8")
+        await pilot.pause()
+        table = app.screen.query_one("DataTable")
+        names = [table.get_row_at(i)[1] for i in range(table.row_count)]
+        table.move_cursor(row=names.index("tiny"))
+        await pilot.press("enter")
+        await pilot.pause()
+        await pilot.click("Button#dismiss")  # first: back out of the dialog
+        await pilot.pause()
+        await pilot.press("enter")
+        await pilot.pause()
+        await pilot.click("Button#finish")
+        await wait_for(pilot, lambda: app.host.profile.name == "tiny", 60)
+        assert app.host.engine is not old_engine and not old_engine.running
+        config = app.host.engine.scheduler.config
+        assert config.prefill_chunk_idle == 64  # from the new profile
+        assert config.max_slots == 4  # the command line's overrides still apply
+        assert "profile tiny" in app.sub_title
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not pane.busy)
+        # The reply in flight was finished under the old engine, and the chat is intact.
+        assert [m["role"] for m in pane.session.messages] == ["user", "assistant"]
+        await type_and_send(pilot, pane, "/max 4")
+        await type_and_send(pilot, pane, "still here?")
+        await wait_for(pilot, lambda: len(pane.session.messages) == 4)
