@@ -13,6 +13,9 @@ import torch
 # Tests never touch the user's cache or config: everything goes under one temp home,
 # except the default model, which is worth keeping between runs.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Without a GPU, Triton kernels run in its interpreter: set before any kernel is defined.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 CORPUS = (
     """

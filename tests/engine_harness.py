@@ -32,6 +32,7 @@ def random_jobs(
     prompt_range: tuple[int, int] = (1, 300),
     output_range: tuple[int, int] = (1, 64),
     sampled: bool = False,
+    pressure: bool = True,
 ) -> list[Job]:
     rng = random.Random(seed)
     specials = loaded.tokenizer.special_ids
@@ -56,7 +57,7 @@ def random_jobs(
     # Three requests first in line whose prompts fit together but whose outputs do not:
     # with a pool sized for the largest request (<= 23 blocks of 16), growing to 9 blocks
     # each forces the scheduler to preempt.
-    for _ in range(3):
+    for _ in range(3 if pressure else 0):
         prompt = [rng.choice(vocab) for _ in range(80)]
         jobs.insert(0, Job(prompt, replace(jobs[-1].params, max_tokens=64), arrival_step=0))
     return jobs
@@ -79,12 +80,13 @@ def run_jobs(engine: Engine, jobs: list[Job], check: bool = True) -> list[list[i
     return [handles[i].result(timeout=0).token_ids for i in range(len(jobs))]
 
 
-def run_alone(loaded: LoadedModel, jobs: list[Job]) -> list[list[int]]:
+def run_alone(loaded: LoadedModel, jobs: list[Job], attention: str = "torch") -> list[list[int]]:
     """Each job by itself: one slot, whole prompt in one chunk, no preemption possible."""
     out = []
     for job in jobs:
         engine = make_engine(
             loaded,
+            attention=attention,
             max_slots=1,
             kv_pool_tokens=4096,
             max_num_batched_tokens=512,

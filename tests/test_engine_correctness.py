@@ -60,3 +60,18 @@ def test_seeded_sampling_batched_equals_alone_default_model(default_model):
     loaded = load_model(default_model, torch.float32)
     jobs = random_jobs(loaded, 14, 0, sampled=True)
     check_batched_equals_alone(loaded, jobs, **TIGHT)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_triton_attention_batched_equals_alone(tiny_models, arch):
+    """With the Triton kernels selected (Triton's interpreter on a CPU), batched requests give
+    the tokens each gets alone on the torch reference path. Kept small: the interpreter runs
+    each kernel program in Python."""
+    pytest.importorskip("triton")
+    loaded = load_model(tiny_models[arch], torch.float32)
+    jobs = random_jobs(loaded, 5, 2, prompt_range=(1, 60), output_range=(1, 16), pressure=False)
+    engine = make_engine(loaded, attention="triton", **{**TIGHT, "kv_pool_tokens": 4096})
+    assert engine.seq_engine.backend.name == "triton"
+    batched = run_jobs(engine, jobs)
+    assert batched == run_alone(loaded, jobs, "torch")
+    assert [len(b) for b in batched] == [j.params.max_tokens for j in jobs]

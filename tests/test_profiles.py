@@ -44,25 +44,29 @@ def test_every_shipped_profile_validates(no_user_dir):
         p.engine.validate()
     assert profiles["r9700"].engine.kv_pool_tokens == 98304
     assert profiles["strix-halo"].engine.unified_memory
-    assert (profiles["strix-halo"].engine.prefill_chunk_decoding
-            < profiles["strix-halo"].engine.prefill_chunk_idle)
+    assert (
+        profiles["strix-halo"].engine.prefill_chunk_decoding
+        < profiles["strix-halo"].engine.prefill_chunk_idle
+    )
 
 
 BROKEN = [
     ("[engine]\nmax_slots = 0\n", "max_slots must be a positive integer"),
-    ("[engine]\nmax_slots = \"four\"\n", "max_slots must be an integer"),
+    ('[engine]\nmax_slots = "four"\n', "max_slots must be an integer"),
     ("[engine]\nslots = 4\n", "unknown setting 'slots'"),
     ("[engine]\nblock_size = 12\n", "block_size must be one of 8, 16, 32, 64, 128"),
-    ("[engine]\ndtype = \"float8\"\n", "dtype must be one of auto, float32"),
-    ("[engine]\nattention = \"flash\"\n", "attention must be one of auto, torch, triton"),
+    ('[engine]\ndtype = "float8"\n', "dtype must be one of auto, float32"),
+    ('[engine]\nattention = "flash"\n', "attention must be one of auto, torch, triton"),
     ("[engine]\nkv_memory_fraction = 1.5\n", "kv_memory_fraction must be in (0, 0.95]"),
-    ("[engine]\ncompile = \"yes\"\n", "compile must be true or false"),
-    ("[engine]\nmax_num_batched_tokens = 4\nmax_slots = 8\n",
-     "max_num_batched_tokens must be at least max_slots (8)"),
-    ("[match]\nbackend = \"tpu\"\n", "backend must be one of cpu, cuda, rocm, gpu"),
-    ("[match]\ngfx_arch = \"gfx1201\"\n", "gfx_arch must be a list of strings"),
-    ("[match]\nvendor = \"amd\"\n", "unknown key 'vendor' in [match]"),
-    ("colour = \"blue\"\n", "unknown key 'colour'"),
+    ('[engine]\ncompile = "yes"\n', "compile must be true or false"),
+    (
+        "[engine]\nmax_num_batched_tokens = 4\nmax_slots = 8\n",
+        "max_num_batched_tokens must be at least max_slots (8)",
+    ),
+    ('[match]\nbackend = "tpu"\n', "backend must be one of cpu, cuda, rocm, gpu"),
+    ('[match]\ngfx_arch = "gfx1201"\n', "gfx_arch must be a list of strings"),
+    ('[match]\nvendor = "amd"\n', "unknown key 'vendor' in [match]"),
+    ('colour = "blue"\n', "unknown key 'colour'"),
     ("[engine\nmax_slots = 2\n", "invalid TOML"),
 ]
 
@@ -77,7 +81,7 @@ def test_broken_profile_files_name_file_key_and_rule(tmp_path, text, message):
 
 
 def test_user_profile_overrides_builtin_and_resolves_by_path(tmp_path):
-    (tmp_path / "cpu.toml").write_text("[match]\nbackend = \"cpu\"\n[engine]\nmax_slots = 3\n")
+    (tmp_path / "cpu.toml").write_text('[match]\nbackend = "cpu"\n[engine]\nmax_slots = 3\n')
     chosen, config, _ = profile.resolve(None, [], profile.DeviceInfo("cpu"), tmp_path)
     assert chosen.name == "cpu" and not chosen.builtin and config.max_slots == 3
     chosen, config, why = profile.resolve(str(tmp_path / "cpu.toml"), ["max_slots=5"])
@@ -85,11 +89,16 @@ def test_user_profile_overrides_builtin_and_resolves_by_path(tmp_path):
 
 
 def test_command_line_overrides(no_user_dir):
-    _, config, _ = profile.resolve("cpu", ["max_slots=2", "dtype=float32", "prefix_cache=off"],
-                                   user_dir=no_user_dir)
+    _, config, _ = profile.resolve(
+        "cpu", ["max_slots=2", "dtype=float32", "prefix_cache=off"], user_dir=no_user_dir
+    )
     assert (config.max_slots, config.dtype, config.prefix_cache) == (2, "float32", False)
-    for bad, message in [("max_slots", "expected KEY=VALUE"), ("nope=1", "unknown setting"),
-                         ("max_slots=x", "not a valid int"), ("compile=maybe", "not a valid bool")]:
+    for bad, message in [
+        ("max_slots", "expected KEY=VALUE"),
+        ("nope=1", "unknown setting"),
+        ("max_slots=x", "not a valid int"),
+        ("compile=maybe", "not a valid bool"),
+    ]:
         with pytest.raises(ConfigError, match=message):
             profile.resolve("cpu", [bad], user_dir=no_user_dir)
     with pytest.raises(ConfigError, match="unknown profile 'nope'"):
@@ -97,8 +106,9 @@ def test_command_line_overrides(no_user_dir):
 
 
 SMOLLM2 = ModelConfig("llama", 49152, 576, 1536, 30, 9, 3, 64, max_position_embeddings=8192)
-QWEN3_8B = ModelConfig("qwen3", 151936, 4096, 12288, 36, 32, 8, 128,
-                       max_position_embeddings=40960, qk_norm=True)
+QWEN3_8B = ModelConfig(
+    "qwen3", 151936, 4096, 12288, 36, 32, 8, 128, max_position_embeddings=40960, qk_norm=True
+)
 
 
 def test_kv_pool_derivation_by_hand():
@@ -134,7 +144,8 @@ def test_switching_engines_with_requests_in_flight_loses_none(tiny_llama):
     again = second.submit(prompt, params).result(timeout=10)
     assert again.token_ids == done[0].token_ids
     # Without draining, every open request ends cancelled and says so.
-    open_handles = [second.submit(prompt, SamplingParams(max_tokens=900, ignore_eos=True))
-                    for _ in range(4)]
+    open_handles = [
+        second.submit(prompt, SamplingParams(max_tokens=900, ignore_eos=True)) for _ in range(4)
+    ]
     second.shutdown(drain=False)
     assert {h.result(timeout=10).finish_reason for h in open_handles} == {FinishReason.CANCELLED}

@@ -1,0 +1,305 @@
+"""Paged attention and KV writes as Triton kernels (GPUs: CUDA, and ROCm unchanged).
+
+One attention kernel serves decode rows and prompt chunks alike: each program takes one
+query row and one KV head, with all the query heads that share that KV head (GQA: each KV
+block is read once per group), and walks the row's blocks through the block table with an
+online softmax. Long contexts are split over several programs (split-K), whose partial
+results a second kernel combines:
+
+    grid (rows, kv_heads, splits)            grid (rows, heads)
+    ┌──────────────────────────┐   m, l, acc   ┌───────────────────┐
+    │ blocks [s*P, (s+1)*P) of │ ────────────► │ rescale and sum   │ ─► out
+    │ this row's sequence      │  per split    │ the splits        │
+    └──────────────────────────┘               └───────────────────┘
+
+The cache layout is the torch reference's: [kv_heads, num_blocks, block_size, head_dim].
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from lucedesk.kernels.metadata import AttentionMetadata
+
+BLOCKS_PER_SPLIT = 16  # KV blocks one program covers before the context is split
+
+
+@triton.jit
+def _write_kv_kernel(
+    k_ptr,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    k_stride_t,
+    k_stride_h,
+    v_stride_t,
+    v_stride_h,
+    cache_rows,
+    HEAD_DIM: tl.constexpr,
+):
+    # k/v rows may be views into the fused qkv output: addressed through their strides.
+    token = tl.program_id(0)
+    head = tl.program_id(1)
+    slot = tl.load(slot_ptr + token).to(tl.int64)
+    d = tl.arange(0, HEAD_DIM)
+    dst = (head.to(tl.int64) * cache_rows + slot) * HEAD_DIM + d
+    k = tl.load(k_ptr + token * k_stride_t + head * k_stride_h + d)
+    v = tl.load(v_ptr + token * v_stride_t + head * v_stride_h + d)
+    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty))
+    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _attention_split_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    row_seq_ptr,
+    row_pos_ptr,
+    part_acc_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    scale,
+    num_heads,
+    num_blocks,
+    max_blocks_per_seq,
+    num_splits,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCKS_PER_SPLIT: tl.constexpr,
+    PRECISION: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
+    row = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq = tl.load(row_seq_ptr + row)
+    pos = tl.load(row_pos_ptr + row)  # this row's position: it sees keys 0..pos
+    num_seq_blocks = pos // BLOCK_SIZE + 1
+    first = split * BLOCKS_PER_SPLIT
+    last = tl.minimum(first + BLOCKS_PER_SPLIT, num_seq_blocks)
+
+    g = tl.arange(0, GROUP_PAD)
+    d = tl.arange(0, HEAD_DIM)
+    s = tl.arange(0, BLOCK_SIZE)
+    heads = kv_head * GROUP + g
+    g_mask = g < GROUP
+    q = tl.load(
+        q_ptr + (row * num_heads + heads)[:, None] * HEAD_DIM + d[None, :],
+        mask=g_mask[:, None],
+        other=0.0,
+    ).to(DOT_DTYPE)  # [GROUP_PAD, HEAD_DIM]
+
+    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_sum = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+    head_base = kv_head.to(tl.int64) * num_blocks
+    for b in range(first, last):
+        block = tl.load(block_tables_ptr + seq.to(tl.int64) * max_blocks_per_seq + b)
+        rows = (head_base + block) * BLOCK_SIZE + s  # [BLOCK_SIZE] cache rows
+        k = tl.load(k_cache_ptr + rows[:, None] * HEAD_DIM + d[None, :]).to(DOT_DTYPE)
+        v = tl.load(v_cache_ptr + rows[:, None] * HEAD_DIM + d[None, :]).to(DOT_DTYPE)
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [GROUP_PAD, BS]
+        visible = (b * BLOCK_SIZE + s) <= pos
+        scores = tl.where(visible[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, 1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(scores - m_new[:, None])
+        l_sum = l_sum * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m = m_new
+
+    out = (row * num_heads + heads) * num_splits + split
+    tl.store(part_m_ptr + out, m, mask=g_mask)
+    tl.store(part_l_ptr + out, l_sum, mask=g_mask)
+    tl.store(part_acc_ptr + out[:, None] * HEAD_DIM + d[None, :], acc, mask=g_mask[:, None])
+
+
+@triton.jit
+def _attention_reduce_kernel(
+    part_acc_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    out_ptr,
+    num_heads,
+    num_splits,
+    HEAD_DIM: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+):
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    sp = tl.arange(0, SPLITS_PAD)
+    d = tl.arange(0, HEAD_DIM)
+    base = (row * num_heads + head) * num_splits
+    valid = sp < num_splits
+    m = tl.load(part_m_ptr + base + sp, mask=valid, other=float("-inf"))
+    l_sum = tl.load(part_l_ptr + base + sp, mask=valid, other=0.0)
+    acc = tl.load(
+        part_acc_ptr + (base + sp)[:, None] * HEAD_DIM + d[None, :], mask=valid[:, None], other=0.0
+    )
+    m_all = tl.max(m, 0)
+    # Splits past this row's context hold m = -inf and contribute nothing.
+    w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_all))
+    total = tl.sum(l_sum * w, 0)
+    o = tl.sum(acc * w[:, None], 0) / total
+    tl.store(out_ptr + (row * num_heads + head) * HEAD_DIM + d, o.to(out_ptr.dtype.element_ty))
+
+
+def _dot_dtype(dtype: torch.dtype):
+    """The tile dtype of the kernel's matmuls: the cache's own, except bf16 under Triton's
+    interpreter, whose numpy arithmetic has no bf16 (its bf16 dots come out as garbage), so
+    there the tiles are widened to fp32."""
+    if dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1":
+        return tl.float32
+    return {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[
+        dtype
+    ]
+
+
+def _check(name: str, t: torch.Tensor, dims: int, dtype: torch.dtype | None = None) -> None:
+    if t.dim() != dims:
+        raise ValueError(f"{name} must have {dims} dimensions, got shape {tuple(t.shape)}")
+    if dtype is not None and t.dtype != dtype:
+        raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
+
+
+def _check_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    _check("k_cache", k_cache, 4)
+    _check("v_cache", v_cache, 4, k_cache.dtype)
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(
+            f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ"
+        )
+    head_dim = k_cache.shape[3]
+    if q.shape[-1] != head_dim or head_dim not in (16, 32, 64, 128, 256):
+        raise ValueError(
+            f"head_dim must be a power of two from 16 to 256 and match the cache "
+            f"(q {q.shape[-1]}, cache {head_dim})"
+        )
+    if k_cache.shape[2] not in (16, 32, 64, 128):
+        raise ValueError(
+            f"block_size {k_cache.shape[2]} must be 16, 32, 64 or 128 for the "
+            "Triton kernels (their tiles are at least 16 rows)"
+        )
+    if q.device != k_cache.device:
+        raise ValueError(f"q is on {q.device}, the cache on {k_cache.device}")
+
+
+def _check_rows(name: str, t: torch.Tensor) -> None:
+    if t.dim() != 3 or t.stride(2) != 1:
+        raise ValueError(
+            f"{name} must be [tokens, heads, head_dim] with contiguous head_dim, "
+            f"got shape {tuple(t.shape)} strides {t.stride()}"
+        )
+
+
+def write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
+    """k, v: [num_tokens, kv_heads, head_dim] scattered to their slots in the cache."""
+    _check_rows("k", k)
+    _check_rows("v", v)
+    if k.shape != v.shape:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} differ")
+    _check_cache(k, k_cache, v_cache)
+    _check("slot_mapping", slot_mapping, 1)
+    if k.shape[1] != k_cache.shape[0] or slot_mapping.shape[0] != k.shape[0]:
+        raise ValueError(
+            f"k {tuple(k.shape)}, slot_mapping {tuple(slot_mapping.shape)} and "
+            f"cache {tuple(k_cache.shape)} do not agree"
+        )
+    if k.shape[0] == 0:
+        return
+    kv_heads, num_blocks, block_size, head_dim = k_cache.shape
+    _write_kv_kernel[(k.shape[0], kv_heads)](
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        num_blocks * block_size,
+        HEAD_DIM=head_dim,
+    )
+
+
+def row_positions(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each query row: its sequence index and its position in that sequence."""
+    device = meta.seq_lens.device
+    query_lens = torch.tensor(
+        [b - a for a, b in zip(meta.query_start_cpu, meta.query_start_cpu[1:])], device=device
+    )
+    seq = torch.repeat_interleave(torch.arange(meta.num_seqs, device=device), query_lens)
+    starts = torch.tensor(meta.query_start_cpu[:-1], device=device)
+    offset = torch.arange(meta.num_tokens, device=device) - starts[seq]
+    pos = (meta.seq_lens.to(torch.int64) - query_lens)[seq] + offset
+    return seq.to(torch.int32), pos.to(torch.int32)
+
+
+def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """q: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim]."""
+    _check("q", q, 3, k_cache.dtype)
+    _check_cache(q, k_cache, v_cache)
+    num_tokens, num_heads, head_dim = q.shape
+    kv_heads, num_blocks, block_size, _ = k_cache.shape
+    if num_heads % kv_heads:
+        raise ValueError(f"{num_heads} query heads do not group over {kv_heads} KV heads")
+    if num_tokens != meta.num_tokens:
+        raise ValueError(f"q has {num_tokens} rows, the metadata {meta.num_tokens}")
+    block_tables = meta.block_tables.contiguous()
+    group = num_heads // kv_heads
+    max_blocks = -(-meta.max_seq_len // block_size)
+    splits = max(1, -(-max_blocks // BLOCKS_PER_SPLIT))
+    seq, pos = row_positions(meta)
+    part_acc = torch.empty(
+        num_tokens, num_heads, splits, head_dim, dtype=torch.float32, device=q.device
+    )
+    part_m = torch.empty(num_tokens, num_heads, splits, dtype=torch.float32, device=q.device)
+    part_l = torch.empty_like(part_m)
+    _attention_split_kernel[(num_tokens, kv_heads, splits)](
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq,
+        pos,
+        part_acc,
+        part_m,
+        part_l,
+        scale,
+        num_heads,
+        num_blocks,
+        block_tables.shape[1],
+        splits,
+        GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
+        BLOCKS_PER_SPLIT=BLOCKS_PER_SPLIT,
+        # fp32 stays exact (no TF32); half types use the tensor cores.
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_DTYPE=_dot_dtype(q.dtype),
+    )
+    out = torch.empty_like(q)
+    _attention_reduce_kernel[(num_tokens, num_heads)](
+        part_acc,
+        part_m,
+        part_l,
+        out,
+        num_heads,
+        splits,
+        HEAD_DIM=head_dim,
+        SPLITS_PAD=max(2, triton.next_power_of_2(splits)),
+    )
+    return out
