@@ -52,6 +52,21 @@ def decode_batch(batch, context, kv_heads, head_dim, block_size, dtype):
     return meta, k, v
 
 
+def measure_decode(batch, context, heads, kv_heads, head_dim, dtype):
+    """(triton, torch reference, SDPA on pre-gathered tensors) milliseconds."""
+    meta, k, v = decode_batch(batch, context, kv_heads, head_dim, 16, dtype)
+    q = torch.randn(batch, heads, head_dim, dtype=dtype, device="cuda")
+    scale = head_dim**-0.5
+    t_triton = timed(lambda: paged_attention(q, k, v, meta, scale))
+    t_torch = timed(lambda: paged_attention_torch(q, k, v, meta, scale), 10)
+    nb = -(-context // 16)
+    gk = k[:, meta.block_tables[:, :nb]].flatten(2, 3).transpose(0, 1).contiguous()
+    gv = v[:, meta.block_tables[:, :nb]].flatten(2, 3).transpose(0, 1).contiguous()
+    qs = q.view(batch, heads, 1, head_dim)
+    t_sdpa = timed(lambda: F.scaled_dot_product_attention(qs, gk, gv, scale=scale, enable_gqa=True))
+    return t_triton, t_torch, t_sdpa
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dtype", default="bfloat16")
@@ -73,17 +88,8 @@ def main() -> None:
             for context in (512, 4096, 16384):
                 if batch * context > 64 * 16384:
                     continue
-                meta, k, v = decode_batch(batch, context, kv_heads, head_dim, 16, dtype)
-                q = torch.randn(batch, heads, head_dim, dtype=dtype, device="cuda")
-                scale = head_dim**-0.5
-                t_triton = timed(lambda: paged_attention(q, k, v, meta, scale))
-                t_torch = timed(lambda: paged_attention_torch(q, k, v, meta, scale), 10)
-                nb = -(-context // 16)
-                gk = k[:, meta.block_tables[:, :nb]].flatten(2, 3).transpose(0, 1).contiguous()
-                gv = v[:, meta.block_tables[:, :nb]].flatten(2, 3).transpose(0, 1).contiguous()
-                qs = q.view(batch, heads, 1, head_dim)
-                t_sdpa = timed(
-                    lambda: F.scaled_dot_product_attention(qs, gk, gv, scale=scale, enable_gqa=True)
+                t_triton, t_torch, t_sdpa = measure_decode(
+                    batch, context, heads, kv_heads, head_dim, dtype
                 )
                 bytes_read = 2 * batch * context * kv_heads * head_dim * dtype.itemsize
                 gbs = bytes_read / (t_triton * 1e-3) / 1e9
