@@ -58,7 +58,7 @@ BROKEN = [
     ('[engine]\ndtype = "float8"\n', "dtype must be one of auto, float32"),
     ('[engine]\nattention = "flash"\n', "attention must be one of auto, torch, triton"),
     ("[engine]\nkv_memory_fraction = 1.5\n", "kv_memory_fraction must be in (0, 0.95]"),
-    ('[engine]\ncompile = "yes"\n', "compile must be true or false"),
+    ('[engine]\nprefix_cache = "yes"\n', "prefix_cache must be true or false"),
     (
         "[engine]\nmax_num_batched_tokens = 4\nmax_slots = 8\n",
         "max_num_batched_tokens must be at least max_slots (8)",
@@ -97,7 +97,7 @@ def test_command_line_overrides(no_user_dir):
         ("max_slots", "expected KEY=VALUE"),
         ("nope=1", "unknown setting"),
         ("max_slots=x", "not a valid int"),
-        ("compile=maybe", "not a valid bool"),
+        ("prefix_cache=maybe", "not a valid bool"),
     ]:
         with pytest.raises(ConfigError, match=message):
             profile.resolve("cpu", [bad], user_dir=no_user_dir)

@@ -26,14 +26,19 @@ def test_policy_modules_import_no_torch():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def make_request(rid: str, prompt_len: int, max_tokens: int, stop: int | None = None) -> Request:
+def make_request(
+    rid: str,
+    prompt_len: int,
+    max_tokens: int,
+    stop: int | None = None,
+    prefix: list[int] | None = None,
+) -> Request:
+    """Distinct prompts per request id, unless a shared `prefix` is given."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    return Request(
-        rid,
-        list(range(1, prompt_len + 1)),
-        params,
-        stop_ids=frozenset([stop] if stop is not None else []),
-    )
+    base = 10_000 + zlib.crc32(rid.encode()) % 1000 * 1000
+    prompt = (prefix or []) + list(range(base, base + prompt_len))
+    stop_ids = frozenset([stop] if stop is not None else [])
+    return Request(rid, prompt[: max(prompt_len, len(prefix or []))], params, stop_ids=stop_ids)
 
 
 def fake_token(req: Request) -> int:
@@ -78,7 +83,9 @@ def random_case(seed: int) -> None:
         prefill_chunk_idle=rng.randint(1, 64),
         prefill_chunk_decoding=rng.randint(1, 16),
         decode_headroom_tokens=rng.choice([0, 1, 8]),
+        prefix_cache=rng.random() < 0.7,
     )
+    shared = [rng.randrange(1000) for _ in range(rng.choice([0, 8, 40]))]
     num_blocks = rng.randint(8, 40)
     sched = Scheduler(config, num_blocks=num_blocks, max_model_len=10_000)
     pending = []
@@ -90,7 +97,11 @@ def random_case(seed: int) -> None:
                 sched.add(make_request(f"r{i}", prompt, out))
             continue
         stop = 1000 + rng.randrange(1000) if rng.random() < 0.3 else None
-        pending.append((rng.randint(0, 30), make_request(f"r{i}", prompt, out, stop)))
+        prefix = shared if rng.random() < 0.5 else None
+        req = make_request(f"r{i}", prompt, out, stop, prefix)
+        if blocks_for(req.num_prompt_tokens + out, config.block_size) > num_blocks:
+            continue
+        pending.append((rng.randint(0, 30), req))
     pending.sort(key=lambda p: p[0])
     all_reqs = [r for _, r in pending]
     first_admitted: list[str] = []

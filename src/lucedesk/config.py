@@ -28,8 +28,6 @@ class EngineConfig:
     attention: str = "auto"  # auto = triton on a GPU, torch on the CPU
     device: str = "auto"  # auto = cuda when available (ROCm too), else cpu
     num_threads: int = 0  # CPU threads for torch; 0 = torch's default
-    weight_int8: bool = False  # weight-only int8 linears (CPU, bandwidth-bound decode)
-    compile: bool = False  # torch.compile the model
     prefix_cache: bool = True
 
     def validate(self, source: str = "engine config") -> EngineConfig:

@@ -315,6 +315,9 @@ class Engine:
             finish_reasons=dict(c.finish_reasons),
             ttft=c.ttft.snapshot(),
             itl=c.itl.snapshot(),
+            prefix_cache_hit_tokens=sched.num_prefix_hit_tokens,
+            prefix_cache_queries=sched.num_prefix_query_tokens,
+            prefix_cached_blocks=pool.num_cached_blocks,
         )
 
 

@@ -1,12 +1,22 @@
-"""Bookkeeping of the paged KV cache: which blocks are free and who holds each (no torch).
+"""Bookkeeping of the paged KV cache: which blocks are free, who holds each, and which full
+blocks hold a known run of tokens that a later request can reuse (no torch).
 
-The KV tensors live in the runner; a block id here is an index into their first axis.
+The KV tensors live in the runner; a block id here is an index into their block axis.
+
+Prefix caching: a full block's key chains the previous block's key with its own tokens,
+
+    key(block i) = hash((key(block i-1), tokens[i*bs : (i+1)*bs]))
+
+so equal keys mean equal prefixes; a hit is still confirmed by comparing the tokens. When
+its last holder lets go, a keyed block keeps its key and waits on an LRU list: a new request
+with the same prefix takes it back (a hit), and the pool hands it out for other data only
+after every never-keyed free block is gone (the least recently used first).
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterable
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Sequence
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -14,59 +24,151 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
+def chain_key(previous: int | None, tokens: Sequence[int]) -> int:
+    return hash((previous, tuple(tokens)))
+
+
 class BlockPool:
     """A fixed pool of `num_blocks` blocks of `block_size` tokens, with reference counts.
 
-    Check/act pairs: `can_allocate(n)` then `allocate(n)`; `free(ids)` gives references back
-    and returns a block to the free list when its count reaches zero."""
+    Check/act pairs: `can_allocate(n)` then `allocate(n)`; `lookup(tokens)` then
+    `adopt(blocks)`; `free(ids)` gives references back."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, caching: bool = False) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("a block pool needs at least one block of at least one token")
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.caching = caching
         self.ref_counts = [0] * num_blocks
-        self._free: deque[int] = deque(range(num_blocks))
+        self._free: deque[int] = deque(range(num_blocks))  # free, holding nothing reusable
+        self._free_cached: OrderedDict[int, None] = OrderedDict()  # free, keyed; LRU first
+        self._key_of: dict[int, int] = {}  # block -> its key
+        self._tokens_of: dict[int, tuple[int, ...]] = {}  # block -> its tokens (to confirm)
+        self._block_of: dict[int, int] = {}  # key -> block
+        # Keys of full blocks a running prefill will compute: a request sharing that prefix
+        # waits for them rather than computing the same tokens a second time.
+        self._pending: dict[int, int] = {}  # key -> block
+        self.num_evictions = 0
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return len(self._free) + len(self._free_cached)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._block_of)
 
     def can_allocate(self, num_blocks: int) -> bool:
-        return num_blocks <= len(self._free)
+        return num_blocks <= self.num_free_blocks
 
     def allocate(self, num_blocks: int) -> list[int]:
-        if num_blocks > len(self._free):
-            raise RuntimeError(f"asked for {num_blocks} blocks, {len(self._free)} free")
-        ids = [self._free.popleft() for _ in range(num_blocks)]
-        for i in ids:
-            self.ref_counts[i] = 1
+        if num_blocks > self.num_free_blocks:
+            raise RuntimeError(f"asked for {num_blocks} blocks, {self.num_free_blocks} free")
+        ids = []
+        for _ in range(num_blocks):
+            if self._free:
+                block = self._free.popleft()
+            else:  # evict the least recently used keyed block
+                block, _ = self._free_cached.popitem(last=False)
+                self._forget(block)
+                self.num_evictions += 1
+            self.ref_counts[block] = 1
+            ids.append(block)
         return ids
 
     def free(self, block_ids: Iterable[int]) -> None:
-        # Freed in reverse so a sequence's tail blocks are reused first and its head blocks
-        # stay untouched longest.
+        # Freed in reverse so a sequence's tail blocks are reused first and its head blocks,
+        # the likeliest to be shared, stay longest.
         for i in reversed(list(block_ids)):
             if self.ref_counts[i] <= 0:
                 raise RuntimeError(f"block {i} freed more often than it was allocated")
             self.ref_counts[i] -= 1
             if self.ref_counts[i] == 0:
-                self._free.append(i)
+                if i in self._key_of:
+                    self._free_cached[i] = None
+                else:
+                    self._free.append(i)
+
+    # -- prefix caching ---------------------------------------------------------------------
+
+    def lookup(self, tokens: Sequence[int]) -> tuple[list[int], bool]:
+        """Cached blocks holding the longest run of full blocks at the start of `tokens`,
+        never covering the last token (it must be computed to get logits); and whether the
+        next block of that run is being computed right now by another request."""
+        if not self.caching:
+            return [], False
+        bs = self.block_size
+        hits: list[int] = []
+        key = None
+        for i in range((len(tokens) - 1) // bs):
+            chunk = tuple(tokens[i * bs : (i + 1) * bs])
+            key = chain_key(key, chunk)
+            block = self._block_of.get(key)
+            if block is None or self._tokens_of[block] != chunk:
+                return hits, key in self._pending
+            hits.append(block)
+        return hits, False
+
+    def key_of(self, block: int) -> int:
+        return self._key_of[block]
+
+    def expect(self, blocks: Sequence[int], keys: Sequence[int]) -> None:
+        """Mark blocks a request will fill with known tokens (see lookup)."""
+        if self.caching:
+            for block, key in zip(blocks, keys):
+                self._pending.setdefault(key, block)
+
+    def unexpect(self, blocks: Iterable[int]) -> None:
+        if self._pending:
+            gone = set(blocks)
+            for key in [k for k, b in self._pending.items() if b in gone]:
+                del self._pending[key]
+
+    def num_free_among(self, blocks: Iterable[int]) -> int:
+        return sum(1 for b in blocks if self.ref_counts[b] == 0)
+
+    def adopt(self, blocks: Iterable[int]) -> None:
+        """Take a reference on cached blocks found by `lookup`."""
+        for b in blocks:
+            if self.ref_counts[b] == 0:
+                del self._free_cached[b]
+            self.ref_counts[b] += 1
+
+    def register(self, block: int, previous_key: int | None, tokens: Sequence[int]) -> int:
+        """Record that `block` (held, full) holds `tokens` after the prefix `previous_key`;
+        returns the block's key. A key already held by another block is left as it is."""
+        chunk = tuple(tokens)
+        key = chain_key(previous_key, chunk)
+        if self._pending.get(key) == block:
+            del self._pending[key]
+        if self.caching and key not in self._block_of and block not in self._key_of:
+            self._block_of[key] = block
+            self._key_of[block] = key
+            self._tokens_of[block] = chunk
+        return key
+
+    def _forget(self, block: int) -> None:
+        key = self._key_of.pop(block)
+        del self._tokens_of[block]
+        del self._block_of[key]
 
     def check_integrity(self, block_tables: Iterable[list[int]]) -> None:
-        """Every block is either free (count 0, on the free list once) or held exactly as many
-        times as the given block tables name it. Raises AssertionError otherwise."""
+        """Every block is either free (count 0, on one free list once) or held exactly as
+        many times as the given block tables name it. Raises AssertionError otherwise."""
         held = [0] * self.num_blocks
         for table in block_tables:
             for i in table:
                 held[i] += 1
-        free = list(self._free)
-        assert len(set(free)) == len(free), "a block is on the free list twice"
+        free = list(self._free) + list(self._free_cached)
+        assert len(set(free)) == len(free), "a block is on a free list twice"
         for i in free:
             assert self.ref_counts[i] == 0, f"free block {i} has references"
         assert held == self.ref_counts, "reference counts differ from the block tables"
         assert sum(1 for c in self.ref_counts if c == 0) == len(free), "a block is lost"
+        assert all(b in self._key_of for b in self._free_cached), "an unkeyed cached block"
+        assert all(self._block_of[k] == b for b, k in self._key_of.items()), "key map broken"

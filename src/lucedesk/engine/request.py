@@ -97,6 +97,7 @@ class Request:
     num_computed_tokens: int = 0
     slot: int | None = None
     block_ids: list[int] = field(default_factory=list)  # this request's block table
+    block_keys: list[int] = field(default_factory=list)  # prefix keys of its computed blocks
     finish_reason: FinishReason | None = None
     error: str | None = None
     num_preemptions: int = 0

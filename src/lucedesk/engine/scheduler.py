@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from lucedesk.config import EngineConfig
-from lucedesk.engine.kv_cache import BlockPool, blocks_for
+from lucedesk.engine.kv_cache import BlockPool, blocks_for, chain_key
 from lucedesk.engine.request import FinishReason, Phase, Request
 from lucedesk.errors import RequestError
 
@@ -57,12 +57,15 @@ class Scheduler:
     def __init__(self, config: EngineConfig, num_blocks: int, max_model_len: int) -> None:
         self.config = config
         self.max_model_len = max_model_len
-        self.pool = BlockPool(num_blocks, config.block_size)
+        self.pool = BlockPool(num_blocks, config.block_size, caching=config.prefix_cache)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order, oldest first
         self.free_slots = list(range(config.max_slots))
         self.step = 0
         self.num_preemptions = 0
+        self.num_prefix_query_tokens = 0  # tokens looked up in the prefix cache at admission
+        self.num_prefix_hit_tokens = 0  # ...of which the cache already held the KV
+        self.num_computed_prompt_tokens = 0  # tokens run through prefill chunks
         self.recently_finished: list[str] = []  # finished since the last plan
 
     # -- submission -------------------------------------------------------------------------
@@ -138,6 +141,7 @@ class Scheduler:
             if req.finished or req.slot is None:
                 continue
             req.num_computed_tokens = row.start + row.num_tokens
+            self._register_full_blocks(req)
             if not row.sample:
                 continue
             token = sampled.get(req.slot)
@@ -169,20 +173,58 @@ class Scheduler:
     # -- helpers ----------------------------------------------------------------------------
 
     def _admit(self, req: Request) -> bool:
+        """Give the head a slot and the blocks for its tokens plus headroom, all at once.
+        Cached blocks holding its prefix are adopted (shared) instead of computed again, and
+        are not charged as new blocks."""
+        pool, bs = self.pool, self.config.block_size
+        tokens = req.token_ids(0, req.num_tokens)
+        hits, in_flight = pool.lookup(tokens)
+        if in_flight:
+            return False  # its next prefix block is being computed: take it when it lands
         headroom = min(self.config.decode_headroom_tokens, req.params.max_tokens)
-        needed = blocks_for(req.num_tokens + headroom, self.config.block_size)
-        if not self.pool.can_allocate(needed):
+        new = blocks_for(req.num_tokens + headroom, bs) - len(hits)
+        if not pool.can_allocate(new + pool.num_free_among(hits)):
             return False
-        req.block_ids = self.pool.allocate(needed)
+        pool.adopt(hits)
+        req.block_ids = hits + pool.allocate(new)
+        req.block_keys = [pool.key_of(b) for b in hits]
+        req.num_computed_tokens = len(hits) * bs
         req.slot = self.free_slots.pop(0)
-        req.num_computed_tokens = 0
         self.running.append(req)
+        if pool.caching:
+            self.num_prefix_query_tokens += req.num_tokens
+            self.num_prefix_hit_tokens += len(hits) * bs
+            self._expect_blocks(req, tokens)
         return True
+
+    def _expect_blocks(self, req: Request, tokens: list[int]) -> None:
+        """Announce the keys of the full blocks this request's prefill will compute."""
+        bs = self.config.block_size
+        keys, key = [], req.block_keys[-1] if req.block_keys else None
+        first = len(req.block_keys)
+        for i in range(first, (len(tokens) - 1) // bs):
+            key = chain_key(key, tokens[i * bs : (i + 1) * bs])
+            keys.append(key)
+        self.pool.expect(req.block_ids[first : first + len(keys)], keys)
+
+    def _register_full_blocks(self, req: Request) -> None:
+        """Key every block whose tokens are now all computed, so later requests can share it."""
+        if not self.pool.caching:
+            return
+        bs = self.config.block_size
+        while len(req.block_keys) < req.num_computed_tokens // bs:
+            i = len(req.block_keys)
+            previous = req.block_keys[-1] if req.block_keys else None
+            key = self.pool.register(
+                req.block_ids[i], previous, req.token_ids(i * bs, (i + 1) * bs)
+            )
+            req.block_keys.append(key)
 
     def _schedule_chunk(self, plan: StepPlan, req: Request, budget: int) -> int:
         n = min(req.num_tokens - req.num_computed_tokens, budget)
         if n <= 0:
             return 0
+        self.num_computed_prompt_tokens += n
         done = req.num_computed_tokens + n == req.num_tokens
         plan.prefills.append(ScheduledRow(req, req.num_computed_tokens, n, done))
         return n
@@ -210,8 +252,10 @@ class Scheduler:
         self.waiting.appendleft(req)
 
     def _release(self, req: Request) -> None:
+        self.pool.unexpect(req.block_ids)
         self.pool.free(req.block_ids)
         req.block_ids = []
+        req.block_keys = []
         if req.slot is not None:
             self.free_slots.append(req.slot)
             self.free_slots.sort()
