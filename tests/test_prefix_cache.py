@@ -69,7 +69,7 @@ def chat_jobs(loaded, seed: int) -> list[Job]:
             )
         )
         history += [rng.choice(v) for _ in range(12)]  # stands in for the reply
-    for i in range(5):  # forks off the same system prompt
+    for _ in range(5):  # forks off the same system prompt
         tail = [rng.choice(v) for _ in range(rng.randint(1, 40))]
         jobs.append(
             Job(
