@@ -75,22 +75,54 @@ def build_parser() -> argparse.ArgumentParser:
     prof = sub.add_parser("profiles", help="list hardware profiles and the resolved settings")
     _engine_args(prof)
 
-    bench = sub.add_parser("bench", help="measure throughput and latency")
+    bench = sub.add_parser(
+        "bench", help="measure throughput and latency of a server (or, --offline, the engine)"
+    )
     _engine_args(bench)
     bench.add_argument(
         "--offline", action="store_true", help="measure the in-process engine, without HTTP"
     )
+    bench.add_argument("--base-url", help="an OpenAI-compatible server, e.g. http://127.0.0.1:8642")
+    bench.add_argument(
+        "--compare",
+        nargs="+",
+        metavar="URL",
+        help="run the same workload against each URL and print the ratios",
+    )
+    bench.add_argument("--api-key", default=None)
     bench.add_argument("--num-requests", "-n", type=int, default=32)
     bench.add_argument(
         "--concurrency",
         "-c",
-        default="1,2,4,8,16",
-        help="comma-separated list of closed-loop concurrencies",
+        default=None,
+        help="comma-separated closed-loop concurrencies (default 1,2,4,8,16)",
+    )
+    bench.add_argument(
+        "--request-rate",
+        default=None,
+        help="comma-separated open-loop request rates (Poisson arrivals, req/s)",
     )
     bench.add_argument("--input-len", type=int, default=256)
     bench.add_argument("--output-len", type=int, default=128)
+    bench.add_argument(
+        "--dataset",
+        default="random",
+        help="random, shared-prefix, or jsonl:PATH (a 'prompt' per line)",
+    )
+    bench.add_argument("--prefix-len", type=int, default=1024, help="shared-prefix length")
+    bench.add_argument("--warmup", type=int, default=2, help="requests sent before measuring")
+    bench.add_argument("--slo-ttft", type=float, default=None, help="goodput SLO, seconds")
+    bench.add_argument("--slo-tpot", type=float, default=None, help="goodput SLO, seconds")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--json", default=None, help="write the results to this file")
+    bench.add_argument("--plot", default=None, help="PNG of output tok/s against TTFT p99")
+    bench.add_argument(
+        "--plot-with",
+        nargs="*",
+        default=[],
+        metavar="JSON",
+        help="earlier result files to draw on the same plot",
+    )
     return parser
 
 

@@ -85,7 +85,7 @@ def bench(args: argparse.Namespace) -> int:
     from lucedesk.bench.offline import markdown_table, run_offline
 
     try:
-        levels = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
+        levels = [int(c) for c in str(args.concurrency or "1,2,4,8,16").split(",") if c.strip()]
     except ValueError:
         from lucedesk.errors import ConfigError
 
