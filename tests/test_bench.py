@@ -46,8 +46,9 @@ def test_summary_arithmetic_on_a_recorded_run():
 
 @pytest.fixture(scope="module")
 def server(tiny_llama):
-    engine = make_engine(load_model(tiny_llama, torch.float32), max_slots=4,
-                         kv_pool_tokens=4096, max_model_len=1024).start()
+    engine = make_engine(
+        load_model(tiny_llama, torch.float32), max_slots=4, kv_pool_tokens=4096, max_model_len=1024
+    ).start()
     running = start_server(create_app(engine, model_name="tiny"), "127.0.0.1", 0)
     yield running
     running.stop()
@@ -59,10 +60,31 @@ def test_bench_against_a_running_server(server, tmp_path, capsys):
 
     out = tmp_path / "run.json"
     png = tmp_path / "plot.png"
-    args = build_parser().parse_args([
-        "bench", "--base-url", server.url, "-n", "6", "-c", "1,3", "--request-rate", "20",
-        "--input-len", "12", "--output-len", "9", "--warmup", "1", "--slo-ttft", "5",
-        "--json", str(out), "--plot", str(png)])
+    args = build_parser().parse_args(
+        [
+            "bench",
+            "--base-url",
+            server.url,
+            "-n",
+            "6",
+            "-c",
+            "1,3",
+            "--request-rate",
+            "20",
+            "--input-len",
+            "12",
+            "--output-len",
+            "9",
+            "--warmup",
+            "1",
+            "--slo-ttft",
+            "5",
+            "--json",
+            str(out),
+            "--plot",
+            str(png),
+        ]
+    )
     assert bench(args) == 0
     result = json.loads(out.read_text())
     assert result["model"] == "tiny" and len(result["levels"]) == 3
@@ -78,9 +100,28 @@ def test_bench_against_a_running_server(server, tmp_path, capsys):
 def test_bench_compare_prints_ratios(server, capsys):
     from lucedesk.commands import bench
 
-    args = build_parser().parse_args([
-        "bench", "--compare", server.url, server.url, "-n", "3", "-c", "2", "--input-len", "8",
-        "--output-len", "4", "--warmup", "0", "--dataset", "shared-prefix", "--prefix-len", "6"])
+    args = build_parser().parse_args(
+        [
+            "bench",
+            "--compare",
+            server.url,
+            server.url,
+            "-n",
+            "3",
+            "-c",
+            "2",
+            "--input-len",
+            "8",
+            "--output-len",
+            "4",
+            "--warmup",
+            "0",
+            "--dataset",
+            "shared-prefix",
+            "--prefix-len",
+            "6",
+        ]
+    )
     assert bench(args) == 0
     assert "ratios against" in capsys.readouterr().out
 

@@ -40,6 +40,7 @@ class SlotMonitor(Vertical):
         self.border_title = "slots"
         self._stats = stats
         self._rates: deque[float] = deque([0.0] * 60, maxlen=60)
+        self._rows: list[tuple[str, ...]] = []
 
     def compose(self) -> ComposeResult:
         table = DataTable(zebra_stripes=True, cursor_type="none")
@@ -60,19 +61,25 @@ class SlotMonitor(Vertical):
         stats = self._stats()
         if stats is None or not self.has_class("visible"):
             return
-        table = self.query_one(DataTable)
-        table.clear()
+        rows = []
         for slot in stats.slots:
             busy = slot.request_id is not None
-            table.add_row(
-                str(slot.slot),
-                slot.owner if busy else "",
-                phase_text(slot),
-                str(slot.context_tokens) if busy else "",
-                str(slot.blocks) if busy else "",
-                f"{slot.tokens_per_s:.1f}" if busy else "",
-                f"{slot.ttft_s * 1000:.0f} ms" if busy and slot.ttft_s is not None else "",
+            rows.append(
+                (
+                    str(slot.slot),
+                    slot.owner if busy else "",
+                    phase_text(slot),
+                    str(slot.context_tokens) if busy else "",
+                    str(slot.blocks) if busy else "",
+                    f"{slot.tokens_per_s:.1f}" if busy else "",
+                    f"{slot.ttft_s * 1000:.0f} ms" if busy and slot.ttft_s is not None else "",
+                )
             )
+        if rows != self._rows:  # an idle engine costs the UI nothing
+            self._rows = rows
+            table = self.query_one(DataTable)
+            table.clear()
+            table.add_rows(rows)
         self.query_one("#kv", ProgressBar).update(
             total=max(stats.blocks_total, 1), progress=stats.blocks_used
         )
@@ -80,7 +87,8 @@ class SlotMonitor(Vertical):
             f"{stats.blocks_used}/{stats.blocks_total} blocks of {stats.block_size} tokens"
         )
         self._rates.append(stats.tokens_per_s)
-        self.query_one(Sparkline).data = list(self._rates)
+        if any(self._rates) or self.query_one(Sparkline).data != list(self._rates):
+            self.query_one(Sparkline).data = list(self._rates)
         hits = (
             f" · prefix-cache hits {stats.prefix_cache_hit_tokens} tok"
             if stats.prefix_cache_queries

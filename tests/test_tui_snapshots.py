@@ -1,0 +1,53 @@
+"""Snapshots of the TUI at a fixed terminal size: the main screen, the split view and the
+monitor, with nothing generating (so every frame is reproducible)."""
+
+from __future__ import annotations
+
+import pytest
+
+from lucedesk.tui.widgets.chat_input import ChatInput
+from tests.test_tui import env, make_app, started  # noqa: F401 (env is a fixture)
+
+SIZE = (120, 34)
+
+
+@pytest.fixture
+def app(env):
+    return make_app(env, slots=4)
+
+
+async def steady(pilot) -> None:
+    """A blinking text cursor would make frames differ: hold it still."""
+    for box in pilot.app.screen.query(ChatInput):
+        box.cursor_blink = False
+    await pilot.pause(0.1)
+
+
+async def _main(pilot) -> None:
+    await started(pilot)
+    await steady(pilot)
+
+
+async def _split(pilot) -> None:
+    await started(pilot)
+    await pilot.press("ctrl+s")
+    await steady(pilot)
+
+
+async def _monitor(pilot) -> None:
+    await started(pilot)
+    await pilot.press("ctrl+g")
+    await pilot.pause(0.6)  # at least two monitor refreshes
+    await steady(pilot)
+
+
+def test_main_screen(snap_compare, app):
+    assert snap_compare(app, terminal_size=SIZE, run_before=_main)
+
+
+def test_split_view(snap_compare, app):
+    assert snap_compare(app, terminal_size=SIZE, run_before=_split)
+
+
+def test_slot_monitor(snap_compare, app):
+    assert snap_compare(app, terminal_size=SIZE, run_before=_monitor)
