@@ -30,6 +30,10 @@ def decoded_together(*prefixes: str) -> bool:
 
 @pytest.fixture
 def env(tmp_path, monkeypatch, tiny_llama):
+    return prepare(tmp_path, monkeypatch, tiny_llama)
+
+
+def prepare(tmp_path, monkeypatch, tiny_llama):
     # Profiles, sessions and exports all under the test's own folders.
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("XDG_DOCUMENTS_DIR", str(tmp_path / "docs"))

@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 
 from lucedesk.tui.widgets.chat_input import ChatInput
-from tests.test_tui import env, make_app, started  # noqa: F401 (env is a fixture)
+from tests.test_tui import make_app, prepare, started
 
 SIZE = (120, 34)
 
 
 @pytest.fixture
-def app(env):
-    return make_app(env, slots=4)
+def app(tmp_path, monkeypatch, tiny_llama):
+    return make_app(prepare(tmp_path, monkeypatch, tiny_llama), slots=4)
 
 
 async def steady(pilot) -> None:
