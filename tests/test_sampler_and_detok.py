@@ -52,3 +52,16 @@ def test_incremental_detokenizer_never_splits_characters(tiny_llama):
     pieces.append(detok.flush())
     assert "".join(pieces) == text
     assert not any("\ufffd" in p for p in pieces)
+
+
+def test_tiny_temperature_and_top_p_stay_valid():
+    logits = torch.tensor([3.0, 1.0, -2.0, 50.0])
+    for params in (
+        SamplingParams(temperature=1e-300),
+        SamplingParams(temperature=2e-5),
+        SamplingParams(temperature=1.0, top_p=1e-300),
+        SamplingParams(temperature=100.0, top_k=1),
+    ):
+        gen = torch.Generator().manual_seed(0)
+        assert params.greedy or Sampler.sample_row(logits, params, gen) == 3
+    assert SamplingParams(temperature=1e-300).greedy

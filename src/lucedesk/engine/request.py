@@ -39,7 +39,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # Below this the distribution is a point mass anyway (and dividing by it overflows).
+        return self.temperature < 1e-5
 
     def validate(self) -> SamplingParams:
         """Raises RequestError naming the first invalid field; returns self."""

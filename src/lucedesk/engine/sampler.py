@@ -32,7 +32,8 @@ class Sampler:
     @staticmethod
     def sample_row(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator) -> int:
         # logits: [vocab]; filtering order follows the common servers: top-k, top-p, min-p.
-        logits = logits.float().cpu() / p.temperature
+        logits = logits.float().cpu()
+        logits = (logits - logits.max()) / p.temperature  # <= 0 everywhere: no overflow
         if 0 < p.top_k < logits.shape[0]:
             kth = torch.topk(logits, p.top_k).values[-1]
             logits = logits.masked_fill(logits < kth, float("-inf"))
