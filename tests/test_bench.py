@@ -132,3 +132,32 @@ def test_bench_needs_a_target():
 
     with pytest.raises(ConfigError, match="--base-url"):
         bench(build_parser().parse_args(["bench"]))
+
+
+def test_bench_mixed_lengths(server, tmp_path):
+    from lucedesk.commands import bench
+
+    out = tmp_path / "mixed.json"
+    args = build_parser().parse_args(
+        [
+            "bench",
+            "--base-url",
+            server.url,
+            "-n",
+            "8",
+            "-c",
+            "4",
+            "--input-len",
+            "4:40",
+            "--output-len",
+            "2:12",
+            "--warmup",
+            "0",
+            "--json",
+            str(out),
+        ]
+    )
+    assert bench(args) == 0
+    level = json.loads(out.read_text())["levels"][0]
+    assert level["num_failed"] == 0 and level["length_mismatches"] == 0
+    assert 8 * 2 <= level["output_tokens"] <= 8 * 12 and level["output_tokens"] != 8 * 12

@@ -102,8 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="comma-separated open-loop request rates (Poisson arrivals, req/s)",
     )
-    bench.add_argument("--input-len", type=int, default=256)
-    bench.add_argument("--output-len", type=int, default=128)
+    bench.add_argument(
+        "--input-len", default="256", help="prompt tokens: N, or MIN:MAX drawn per request"
+    )
+    bench.add_argument(
+        "--output-len", default="128", help="output tokens: N, or MIN:MAX drawn per request"
+    )
     bench.add_argument(
         "--dataset",
         default="random",

@@ -34,7 +34,19 @@ WORDS = (
 @dataclass(slots=True)
 class Workload:
     prompts: list[str]
-    output_len: int
+    output_lens: list[int]
+
+
+def length_range(text: str | int) -> tuple[int, int]:
+    """`256` or `32:1024` (lengths drawn uniformly per request)."""
+    low, _, high = str(text).partition(":")
+    try:
+        lo, hi = int(low), int(high or low)
+    except ValueError:
+        raise ConfigError(f"length {text!r}: expected N or MIN:MAX") from None
+    if not 1 <= lo <= hi:
+        raise ConfigError(f"length {text!r}: expected 1 <= MIN <= MAX")
+    return lo, hi
 
 
 def random_words(rng: random.Random, count: int) -> str:
@@ -45,6 +57,9 @@ def make_workload(args: argparse.Namespace, count: int, seed: int) -> Workload:
     """Prompts of about `input_len` tokens (one common word is about one token), distinct
     per request so no two share a prefix by accident; or a JSONL file; or shared-prefix."""
     rng = random.Random(seed)
+    in_lo, in_hi = length_range(args.input_len)
+    out_lo, out_hi = length_range(args.output_len)
+    outputs = [rng.randint(out_lo, out_hi) for _ in range(count)]
     if args.dataset.startswith("jsonl:"):
         path = Path(args.dataset[6:])
         try:
@@ -56,18 +71,16 @@ def make_workload(args: argparse.Namespace, count: int, seed: int) -> Workload:
             ) from None
         if not prompts:
             raise ConfigError(f"{path}: no prompts")
-        return Workload([prompts[i % len(prompts)] for i in range(count)], args.output_len)
+        return Workload([prompts[i % len(prompts)] for i in range(count)], outputs)
     if args.dataset == "shared-prefix":
         prefix = random_words(rng, args.prefix_len)
-        tail = max(args.input_len - args.prefix_len, 1)
-        return Workload(
-            [f"{prefix} {i}: {random_words(rng, tail)}" for i in range(count)], args.output_len
-        )
+        tails = [max(rng.randint(in_lo, in_hi) - args.prefix_len, 1) for _ in range(count)]
+        prompts = [f"{prefix} {i}: {random_words(rng, t)}" for i, t in enumerate(tails)]
+        return Workload(prompts, outputs)
     if args.dataset != "random":
         raise ConfigError(f"--dataset {args.dataset!r}: random, shared-prefix or jsonl:PATH")
-    return Workload(
-        [f"{i}: {random_words(rng, args.input_len)}" for i in range(count)], args.output_len
-    )
+    lengths = [rng.randint(in_lo, in_hi) for _ in range(count)]
+    return Workload([f"{i}: {random_words(rng, n)}" for i, n in enumerate(lengths)], outputs)
 
 
 class Client:
@@ -154,12 +167,13 @@ class Progress:
 async def closed_loop(
     client: Client, work: Workload, concurrency: int, progress: Progress
 ) -> tuple[list[RequestRecord], float]:
-    queue = list(work.prompts)
+    queue = list(zip(work.prompts, work.output_lens))
     records: list[RequestRecord] = []
 
     async def worker() -> None:
         while queue:
-            rec = await client.request(queue.pop(0), work.output_len)
+            prompt, output_len = queue.pop(0)
+            rec = await client.request(prompt, output_len)
             records.append(rec)
             progress.tick()
 
@@ -174,15 +188,15 @@ async def open_loop(
     """Poisson arrivals at `rate` requests per second, whatever the server's pace."""
     rng = random.Random(seed)
 
-    async def one(prompt: str) -> RequestRecord:
-        rec = await client.request(prompt, work.output_len)
+    async def one(prompt: str, output_len: int) -> RequestRecord:
+        rec = await client.request(prompt, output_len)
         progress.tick()
         return rec
 
     start = time.perf_counter()
     tasks = []
-    for prompt in work.prompts:
-        tasks.append(asyncio.create_task(one(prompt)))
+    for prompt, output_len in zip(work.prompts, work.output_lens):
+        tasks.append(asyncio.create_task(one(prompt, output_len)))
         await asyncio.sleep(rng.expovariate(rate))
     records = list(await asyncio.gather(*tasks))
     return records, time.perf_counter() - start
@@ -196,7 +210,7 @@ async def run_levels(args: argparse.Namespace, base_url: str) -> dict:
         if args.warmup:
             await closed_loop(
                 client,
-                Workload(warm.prompts, min(args.output_len, 16)),
+                Workload(warm.prompts, [min(n, 16) for n in warm.output_lens]),
                 min(args.warmup, 4),
                 Progress("warm-up", args.warmup),
             )
