@@ -292,3 +292,57 @@ async def test_profile_switch_rebuilds_engine_and_keeps_chats(env):
         await type_and_send(pilot, pane, "/max 4")
         await type_and_send(pilot, pane, "still here?")
         await wait_for(pilot, lambda: len(pane.session.messages) == 4)
+
+
+async def test_session_on_a_remote_server(env, tiny_llama):
+    import torch
+
+    from lucedesk.engine.models.loader import load_model
+    from lucedesk.server import create_app, start_server
+    from tests.engine_harness import make_engine
+
+    far = make_engine(
+        load_model(tiny_llama, torch.float32), max_slots=2, kv_pool_tokens=2048
+    ).start()
+    running = start_server(create_app(far, model_name="far"), "127.0.0.1", 0)
+    app = make_app(env)
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            screen = await started(pilot)
+            pane = screen.panes[0]
+            await type_and_send(pilot, pane, "/backend ftp://nowhere")
+            assert "http(s) URL" in app.notices[-1][0]
+            await type_and_send(pilot, pane, f"/backend {running.url}")
+            await type_and_send(pilot, pane, "/max 6")
+            await type_and_send(pilot, pane, "hello from afar")
+            await wait_for(pilot, lambda: len(pane.session.messages) == 2)
+            assert far.stats().num_completed == 1
+            assert app.host.engine.stats().num_completed == 0
+            await pilot.press("ctrl+g")
+            label = screen.query_one("#remote")
+            await wait_for(pilot, lambda: "slots busy" in str(label.render()))
+        again = make_app(env)
+        async with again.run_test(size=SIZE) as pilot:
+            screen = await started(pilot)
+            assert screen.panes[0].session.backend_url == running.url  # remembered
+    finally:
+        running.stop()
+        far.shutdown()
+
+
+async def test_model_switch_keeps_chats(env, tiny_models):
+    app = make_app(env)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await started(pilot)
+        pane = screen.panes[0]
+        await type_and_send(pilot, pane, "/max 4")
+        await type_and_send(pilot, pane, "first")
+        await wait_for(pilot, lambda: len(pane.session.messages) == 2)
+        await type_and_send(pilot, pane, "/model /no/such/model.gguf")
+        await wait_for(pilot, lambda: any("Model switch failed" in t for t, _ in app.notices))
+        assert app.host.built.loaded.name == "llama" and app.host.engine.running
+        await type_and_send(pilot, pane, f"/model {tiny_models['qwen3']}")
+        await wait_for(pilot, lambda: app.host.built.loaded.name == "qwen3", 60)
+        await type_and_send(pilot, pane, "second")
+        await wait_for(pilot, lambda: len(pane.session.messages) == 4)
+        assert pane.session.messages[0]["content"] == "first"

@@ -30,9 +30,35 @@ class LucedeskApp(App):
             self.notify(f"HTTP is off: {self.host.http_error}", severity="warning", timeout=8)
         self.switch_screen(MainScreen())
 
+    def switch_model(self, path: str) -> None:
+        """Load another model in place of the running one; conversations stay."""
+        self.notify(f"Loading {path}; running replies finish first.")
+        self.run_worker(
+            lambda: self._switch_model(path),
+            thread=True,
+            exclusive=True,
+            group="switch",
+            exit_on_error=False,
+        )
+
+    def _switch_model(self, path: str) -> None:
+        from lucedesk.errors import LucedeskError
+
+        def say(text: str) -> None:
+            self.call_from_thread(self.notify, text)
+
+        try:
+            self.host.switch(self.host.profile.name, True, say, model=path)
+        except LucedeskError as exc:
+            self.call_from_thread(self.notify, f"Model switch failed: {exc}", severity="error")
+            return
+        self.call_from_thread(self.engine_switched)
+
     def engine_switched(self) -> None:
         self.update_subtitle()
-        self.notify(f"Engine running with profile {self.host.profile.name}.")
+        self.notify(
+            f"Engine running {self.host.built.loaded.name} with profile {self.host.profile.name}."
+        )
 
     def update_subtitle(self) -> None:
         host = self.host

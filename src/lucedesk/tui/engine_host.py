@@ -61,10 +61,22 @@ class EngineHost:
                 self.http_error = str(exc)
                 log.warning("HTTP server not started: %s", exc)
 
-    def switch(self, profile_name: str, drain: bool, progress: Callable[[str], None]) -> None:
-        """Rebuild the engine with another profile: running requests finish (drain) or end
-        cancelled, then the model is loaded again under the new settings."""
+    def switch(
+        self,
+        profile_name: str,
+        drain: bool,
+        progress: Callable[[str], None],
+        model: str | None = None,
+    ) -> None:
+        """Rebuild the engine with another profile (or model): running requests finish
+        (drain) or end cancelled, then the model is loaded under the new settings."""
         chosen, config, why = profiles.resolve(profile_name, self.overrides)
+        old_path = self.model_path
+        if model is not None:
+            from lucedesk.engine.models.loader import read_model_config
+
+            read_model_config(model)  # a bad path or file fails here, before anything stops
+            self.model_path = Path(model).expanduser()
         old = self.built
         progress("finishing running requests" if drain else "cancelling running requests")
         if old is not None:
@@ -73,6 +85,7 @@ class EngineHost:
         try:
             self.built = launch_engine(self.model_path, config)
         except Exception:
+            self.model_path = old_path
             self.built = launch_engine(self.model_path, self.config)  # back to what worked
             raise
         self.profile, self.profile_name, self.config, self.why = chosen, chosen.name, config, why

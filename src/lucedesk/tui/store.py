@@ -19,7 +19,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     max_tokens INTEGER NOT NULL DEFAULT 512,
     kind TEXT NOT NULL DEFAULT 'chat',
     parent_id INTEGER,
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    backend_url TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -40,6 +41,7 @@ class Session:
     max_tokens: int = 512
     kind: str = "chat"  # chat | subagent
     parent_id: int | None = None
+    backend_url: str = ""  # "" = the in-process engine, else an OpenAI-compatible server
     messages: list[dict] = field(default_factory=list)  # {"role", "content"}
 
     def chat_messages(self) -> list[dict]:
@@ -84,13 +86,14 @@ class Store:
     def update_session(self, session: Session) -> None:
         with self._lock:
             self._db.execute(
-                "UPDATE sessions SET title=?, system_prompt=?, temperature=?, max_tokens=? "
-                "WHERE id=?",
+                "UPDATE sessions SET title=?, system_prompt=?, temperature=?, max_tokens=?, "
+                "backend_url=? WHERE id=?",
                 (
                     session.title,
                     session.system_prompt,
                     session.temperature,
                     session.max_tokens,
+                    session.backend_url,
                     session.id,
                 ),
             )
@@ -121,8 +124,8 @@ class Store:
     def sessions(self, kind: str = "chat") -> list[Session]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT id, title, system_prompt, temperature, max_tokens, kind, parent_id "
-                "FROM sessions WHERE kind = ? ORDER BY id",
+                "SELECT id, title, system_prompt, temperature, max_tokens, kind, parent_id, "
+                "backend_url FROM sessions WHERE kind = ? ORDER BY id",
                 (kind,),
             ).fetchall()
             out = [Session(*row) for row in rows]

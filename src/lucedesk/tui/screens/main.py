@@ -43,12 +43,16 @@ class MainScreen(Screen):
         with Horizontal(id="body"):
             yield SessionList(id="sessions")
             yield Horizontal(id="panes")
-        yield SlotMonitor(self.current_stats)
+        yield SlotMonitor(self.current_stats, self.remote_url)
         yield Footer()
 
     def current_stats(self):
         host = self.app.host
         return host.engine.stats() if host.built is not None else None
+
+    def remote_url(self) -> str:
+        pane = self.pane()
+        return pane.session.backend_url if pane is not None else ""
 
     async def on_mount(self) -> None:
         store = self.app.store

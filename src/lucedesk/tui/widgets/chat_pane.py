@@ -15,13 +15,14 @@ from lucedesk.engine.models.chat import encode_chat
 from lucedesk.engine.request import FinishReason, SamplingParams
 from lucedesk.errors import RequestError
 from lucedesk.tui.messages import PromptSubmitted, SessionsChanged
+from lucedesk.tui.remote import RemoteHandle
 from lucedesk.tui.store import Session, export_markdown
 from lucedesk.tui.widgets.chat_input import ChatInput
 from lucedesk.tui.widgets.message_view import MessageView
 
 HELP = (
     "Commands: /fanout N <task> · /system <prompt> · /temp <0-2> · /max <tokens> · "
-    "/title <name> · /help"
+    "/title <name> · /backend <url|local> · /model <path> · /help"
 )
 
 
@@ -46,7 +47,7 @@ class ChatPane(Vertical, can_focus=False):
     def __init__(self, session: Session) -> None:
         super().__init__()
         self.session = session
-        self.handles: list[RequestHandle] = []
+        self.handles: list[RequestHandle | RemoteHandle] = []
 
     def compose(self) -> ComposeResult:
         yield Label(self.header_text(), id="header")
@@ -67,7 +68,8 @@ class ChatPane(Vertical, can_focus=False):
     def header_text(self) -> str:
         s = self.session
         system = " · system prompt set" if s.system_prompt else ""
-        return f"{s.title} · temp {s.temperature:g} · max {s.max_tokens}{system}"
+        backend = f" · via {s.backend_url}" if s.backend_url else ""
+        return f"{s.title} · temp {s.temperature:g} · max {s.max_tokens}{system}{backend}"
 
     def refresh_header(self) -> None:
         self.query_one("#header", Label).update(self.header_text())
@@ -132,6 +134,18 @@ class ChatPane(Vertical, can_focus=False):
                     raise ValueError("give the session a name: /title <name>")
                 s.title = rest[:60]
                 self.post_message(SessionsChanged())
+            elif name == "backend":
+                if rest in ("", "local"):
+                    s.backend_url = ""
+                elif rest.startswith(("http://", "https://")):
+                    s.backend_url = rest.rstrip("/")
+                else:
+                    raise ValueError("give an http(s) URL of an OpenAI-compatible server, or local")
+                self.app.notify(f"This session now talks to {s.backend_url or 'the local engine'}.")
+            elif name == "model":
+                if not rest:
+                    raise ValueError("give a .gguf file or a Hugging Face folder")
+                self.app.switch_model(rest)
             elif name == "help":
                 self.app.notify(HELP, timeout=8)
             else:
@@ -155,7 +169,17 @@ class ChatPane(Vertical, can_focus=False):
             top_p=0.95 if s.temperature else 1.0,
         )
 
-    def submit(self, messages: list[dict], owner: str) -> RequestHandle | None:
+    def submit(self, messages: list[dict], owner: str) -> RequestHandle | RemoteHandle | None:
+        if self.session.backend_url:
+            s = self.session
+            params = SamplingParams(
+                max_tokens=s.max_tokens,
+                temperature=s.temperature,
+                top_p=0.95 if s.temperature else 1.0,
+            )
+            handle = RemoteHandle(s.backend_url, messages, params, owner).start()
+            self.handles.append(handle)
+            return handle
         engine = self.app.host.engine
         try:
             prompt = encode_chat(engine.tokenizer, messages)
@@ -171,7 +195,7 @@ class ChatPane(Vertical, can_focus=False):
         if handle is not None:
             self.run_worker(self.stream_reply(handle), group="reply")
 
-    async def stream_reply(self, handle: RequestHandle) -> None:
+    async def stream_reply(self, handle: RequestHandle | RemoteHandle) -> None:
         view = MessageView("assistant")
         await self.query_one("#log").mount(view)
         reason, error = await self._pump(handle, view)
@@ -191,7 +215,7 @@ class ChatPane(Vertical, can_focus=False):
         await view.finish(note)
         self.app.store.add_message(self.session, "assistant", view.content)
 
-    async def _pump(self, handle: RequestHandle, view: MessageView):
+    async def _pump(self, handle: RequestHandle | RemoteHandle, view: MessageView):
         reason, error = FinishReason.ERROR, "no output"
         async for first in handle:
             # Everything that arrived while the last render ran goes into one update.

@@ -11,8 +11,10 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Label, ProgressBar, Sparkline
 
 from lucedesk.engine.stats import EngineStats, SlotStats
+from lucedesk.tui.remote import remote_slots
 
 REFRESH_S = 0.25
+REMOTE_REFRESH_S = 1.0
 
 
 def phase_text(slot: SlotStats) -> str:
@@ -35,10 +37,13 @@ class SlotMonitor(Vertical):
     SlotMonitor Label { padding: 0 1; }
     """
 
-    def __init__(self, stats: Callable[[], EngineStats | None]) -> None:
+    def __init__(
+        self, stats: Callable[[], EngineStats | None], remote_url: Callable[[], str]
+    ) -> None:
         super().__init__()
         self.border_title = "slots"
         self._stats = stats
+        self._remote_url = remote_url
         self._rates: deque[float] = deque([0.0] * 60, maxlen=60)
         self._rows: list[tuple[str, ...]] = []
 
@@ -53,9 +58,17 @@ class SlotMonitor(Vertical):
         with Horizontal(id="rate"):
             yield Sparkline(list(self._rates), summary_function=max)
             yield Label("", id="summary")
+        yield Label("", id="remote")
 
     def on_mount(self) -> None:
         self.set_interval(REFRESH_S, self.refresh_stats)
+        self.set_interval(REMOTE_REFRESH_S, self.refresh_remote)
+
+    async def refresh_remote(self) -> None:
+        """For a pane that talks to another server: what that server's /slots reports."""
+        url = self._remote_url() if self.has_class("visible") else ""
+        text = f"remote {await remote_slots(url)}" if url else ""
+        self.query_one("#remote", Label).update(text)
 
     def refresh_stats(self) -> None:
         stats = self._stats()
