@@ -63,6 +63,7 @@ class Engine:
         self._drain = False
         self._drain_timeout = 30.0
         self._num_pending = 0  # submitted, not yet seen by the engine thread
+        self._publish(0)  # monitors see the idle slots and the pool before any request
 
     # -- public API (any thread) ------------------------------------------------------------
 
