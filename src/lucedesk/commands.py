@@ -13,14 +13,19 @@ def say(message: str) -> None:
     print(message, file=sys.stderr)
 
 
+def engine_overrides(args: argparse.Namespace) -> list[str]:
+    """The command line's `--set` overrides, `--no-prefix-cache` included."""
+    overrides = list(getattr(args, "set", []) or [])
+    if getattr(args, "no_prefix_cache", False):
+        overrides.append("prefix_cache=false")
+    return overrides
+
+
 def engine_config(args: argparse.Namespace):
     """The resolved profile and its EngineConfig with the command line's overrides."""
     from lucedesk import profile
 
-    overrides = list(getattr(args, "set", []) or [])
-    if getattr(args, "no_prefix_cache", False):
-        overrides.append("prefix_cache=false")
-    return profile.resolve(getattr(args, "profile", None), overrides)
+    return profile.resolve(getattr(args, "profile", None), engine_overrides(args))
 
 
 def build_from_args(args: argparse.Namespace) -> BuiltEngine:
@@ -197,9 +202,7 @@ def tui(args: argparse.Namespace) -> int:
     from lucedesk.tui.engine_host import EngineHost
     from lucedesk.tui.store import Store
 
-    overrides = list(args.set)
-    if args.no_prefix_cache:
-        overrides.append("prefix_cache=false")
+    overrides = engine_overrides(args)
     data = Path(os.environ.get("LUCEDESK_DATA_DIR") or platformdirs.user_data_dir("lucedesk"))
     host = EngineHost(
         args.model, args.profile, overrides, http=not args.no_http, host=args.host, port=args.port

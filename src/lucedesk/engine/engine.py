@@ -117,9 +117,15 @@ class Engine:
 
     @property
     def max_request_tokens(self) -> int:
-        """The most tokens (prompt + output) one request can hold: the whole KV pool."""
+        """The most tokens (prompt + output) one request can hold: the context limit or the
+        whole KV pool, whichever is smaller."""
         pool = self.scheduler.pool
-        return pool.num_blocks * pool.block_size
+        return min(self.max_model_len, pool.num_blocks * pool.block_size)
+
+    @property
+    def max_slots(self) -> int:
+        """Requests that can run at once, each in its own slot."""
+        return self.scheduler.config.max_slots
 
     def stats(self) -> EngineStats:
         return self._stats

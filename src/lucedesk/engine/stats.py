@@ -3,7 +3,6 @@ latency histograms for /metrics."""
 
 from __future__ import annotations
 
-import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
@@ -153,7 +152,3 @@ class StatsCollector:
             ttft_s=(req.first_token_time - req.arrival_time) if req.first_token_time else None,
             preemptions=req.num_preemptions,
         )
-
-
-def now() -> float:
-    return time.monotonic()

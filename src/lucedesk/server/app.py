@@ -208,7 +208,7 @@ def create_app(
     ):
         if not prompt:
             raise APIError(400, "the prompt is empty", "prompt" if not chat else "messages")
-        room = min(eng.max_model_len, eng.max_request_tokens) - len(prompt)
+        room = eng.max_request_tokens - len(prompt)
         if max_tokens is None:
             if room < 1:
                 raise APIError(

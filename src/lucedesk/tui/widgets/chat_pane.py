@@ -161,7 +161,7 @@ class ChatPane(Vertical, can_focus=False):
     # -- generation -------------------------------------------------------------------------
 
     def params(self, prompt_len: int, engine) -> SamplingParams:
-        room = min(engine.max_model_len, engine.max_request_tokens) - prompt_len
+        room = engine.max_request_tokens - prompt_len
         s = self.session
         return SamplingParams(
             max_tokens=max(1, min(s.max_tokens, room)),
@@ -261,7 +261,7 @@ class ChatPane(Vertical, can_focus=False):
     # -- subagents --------------------------------------------------------------------------
 
     def start_fanout(self, count: int, task: str) -> None:
-        slots = self.app.host.engine.scheduler.config.max_slots
+        slots = self.app.host.engine.max_slots
         if not task:
             raise ValueError("say what the subagents should do: /fanout N <task>")
         if not 1 <= count <= slots:
