@@ -21,45 +21,61 @@ TIGHT = dict(
 )
 
 
-def check_batched_equals_alone(loaded, jobs, **config):
+def check_batched_equals_alone(loaded, jobs, kernels="torch", **config):
     # The pool holds the largest request and little more, so the others must make room.
     largest = max(len(j.prompt) + j.params.max_tokens for j in jobs)
     config["kv_pool_tokens"] = blocks_for(largest, config["block_size"]) * config["block_size"]
-    engine = make_engine(loaded, **config)
+    engine = make_engine(loaded, kernels=kernels, **config)
+    assert engine.seq_engine.kernels.name == kernels
     batched = run_jobs(engine, jobs)
     assert engine.scheduler.num_preemptions > 0, "the pool was meant to force preemption"
-    alone = run_alone(loaded, jobs)
+    alone = run_alone(loaded, jobs, kernels)
     for i, (got, want) in enumerate(zip(batched, alone)):
         assert got == want, f"request {i} (prompt {len(jobs[i].prompt)} tokens) differs"
         assert len(got) == jobs[i].params.max_tokens
     assert engine.scheduler.pool.num_free_blocks == engine.scheduler.pool.num_blocks
 
 
+@pytest.mark.parametrize("kernels", ["torch", "cpu"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_greedy_batched_equals_alone_tiny(tiny_models, arch, seed):
+def test_greedy_batched_equals_alone_tiny(tiny_models, arch, seed, kernels):
     loaded = load_model(tiny_models[arch], torch.float32)
-    check_batched_equals_alone(loaded, random_jobs(loaded, 14, seed), **TIGHT)
+    check_batched_equals_alone(loaded, random_jobs(loaded, 14, seed), kernels, **TIGHT)
 
 
+@pytest.mark.parametrize("kernels", ["torch", "cpu"])
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_seeded_sampling_batched_equals_alone_tiny(tiny_models, arch):
+def test_seeded_sampling_batched_equals_alone_tiny(tiny_models, arch, kernels):
     loaded = load_model(tiny_models[arch], torch.float32)
-    check_batched_equals_alone(loaded, random_jobs(loaded, 14, 0, sampled=True), **TIGHT)
+    jobs = random_jobs(loaded, 14, 0, sampled=True)
+    check_batched_equals_alone(loaded, jobs, kernels, **TIGHT)
 
 
 @pytest.mark.default_model
-def test_greedy_batched_equals_alone_default_model(default_model):
+@pytest.mark.parametrize("kernels", ["torch", "cpu"])
+def test_greedy_batched_equals_alone_default_model(default_model, kernels):
     loaded = load_model(default_model, torch.float32)
     jobs = random_jobs(loaded, 12, 3)
-    check_batched_equals_alone(loaded, jobs, **TIGHT)
+    check_batched_equals_alone(loaded, jobs, kernels, **TIGHT)
 
 
 @pytest.mark.default_model
-def test_seeded_sampling_batched_equals_alone_default_model(default_model):
+@pytest.mark.parametrize("kernels", ["torch", "cpu"])
+def test_seeded_sampling_batched_equals_alone_default_model(default_model, kernels):
     loaded = load_model(default_model, torch.float32)
     jobs = random_jobs(loaded, 14, 0, sampled=True)
-    check_batched_equals_alone(loaded, jobs, **TIGHT)
+    check_batched_equals_alone(loaded, jobs, kernels, **TIGHT)
+
+
+@pytest.mark.default_model
+def test_cpu_kernels_give_the_torch_tokens_default_model(default_model):
+    """The C++ kernels compute what the torch ops compute: a profile choosing them changes
+    no greedy output of the real model (fp32; bf16 differs in summation order only)."""
+    loaded = load_model(default_model, torch.float32)
+    jobs = random_jobs(loaded, 6, 5, output_range=(16, 48), pressure=False)
+    engine = make_engine(loaded, kernels="cpu", **{**TIGHT, "kv_pool_tokens": 4096})
+    assert run_jobs(engine, jobs) == run_alone(loaded, jobs, "torch")
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
@@ -70,8 +86,8 @@ def test_triton_attention_batched_equals_alone(tiny_models, arch):
     pytest.importorskip("triton")
     loaded = load_model(tiny_models[arch], torch.float32)
     jobs = random_jobs(loaded, 5, 2, prompt_range=(1, 60), output_range=(1, 16), pressure=False)
-    engine = make_engine(loaded, attention="triton", **{**TIGHT, "kv_pool_tokens": 4096})
-    assert engine.seq_engine.backend.name == "triton"
+    engine = make_engine(loaded, kernels="triton", **{**TIGHT, "kv_pool_tokens": 4096})
+    assert engine.seq_engine.kernels.name == "triton"
     batched = run_jobs(engine, jobs)
     assert batched == run_alone(loaded, jobs, "torch")
     assert [len(b) for b in batched] == [j.params.max_tokens for j in jobs]

@@ -6,8 +6,6 @@ Tolerances per dtype: fp32 1e-5, fp16 2e-3, bf16 2e-2 (absolute and relative).""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
@@ -15,47 +13,18 @@ pytest.importorskip("triton")
 
 from lucedesk.kernels.attention_torch import paged_attention_torch, write_kv_torch  # noqa: E402
 from lucedesk.kernels.attention_triton import paged_attention, write_kv  # noqa: E402
-from lucedesk.kernels.metadata import AttentionMetadata  # noqa: E402
-
-TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def make_batch(seed, block_size, seqs, kv_heads, head_dim, dtype, num_blocks=400):
-    """`seqs`: (cached tokens before this step, new query rows) per sequence, decodes first.
-    Block tables are random, scattered picks of the pool; the first two sequences share
-    their first block (as a shared prefix would)."""
-    rng = random.Random(seed)
-    g = torch.Generator().manual_seed(seed)
-    k_cache = torch.randn(kv_heads, num_blocks, block_size, head_dim, generator=g).to(dtype)
-    v_cache = torch.randn(kv_heads, num_blocks, block_size, head_dim, generator=g).to(dtype)
-    free = list(range(num_blocks))
-    rng.shuffle(free)
-    tables, query_lens, seq_lens = [], [], []
-    for cached, new in seqs:
-        total = cached + new
-        tables.append([free.pop() for _ in range(-(-total // block_size))])
-        query_lens.append(new)
-        seq_lens.append(total)
-    if len(tables) > 1 and seq_lens[0] > block_size and seq_lens[1] > block_size:
-        tables[1][0] = tables[0][0]
-    num_decodes = sum(1 for _, new in seqs if new == 1)
-    meta = AttentionMetadata.build(
-        query_lens, seq_lens, tables, block_size, num_decodes, device=DEVICE
-    )
-    return k_cache.to(DEVICE), v_cache.to(DEVICE), meta
-
-
-CASES = [
-    # (gqa ratio, head_dim, dtype, block_size, [(cached, new), ...])
-    (1, 64, torch.float32, 16, [(0, 1), (16, 1), (299, 1), (2099, 1)]),
-    (3, 64, torch.float32, 16, [(4, 1), (63, 1), (512, 1), (20, 7), (0, 12)]),
-    (4, 128, torch.float32, 32, [(40, 1), (700, 1), (33, 5), (0, 17)]),
-    (8, 64, torch.float32, 16, [(1, 1), (100, 1), (31, 9)]),
-    (4, 64, torch.bfloat16, 16, [(10, 1), (300, 1), (15, 6), (0, 3)]),
-    (3, 128, torch.float16, 32, [(70, 1), (1000, 1), (48, 4)]),
-    (8, 128, torch.bfloat16, 16, [(2, 1), (600, 1), (5, 11)]),
-]
+from lucedesk.kernels.layers_torch import add_rms_norm_torch, rotary_torch  # noqa: E402
+from lucedesk.kernels.layers_triton import add_rms_norm_triton, rotary_triton  # noqa: E402
+from tests.kernel_cases import (  # noqa: E402
+    CASES,
+    DEVICE,
+    LAYER_CASES,
+    ROTARY_CASES,
+    TOL,
+    layer_inputs,
+    make_batch,
+    rotary_inputs,
+)
 
 
 @pytest.mark.parametrize("ratio,head_dim,dtype,block_size,seqs", CASES)
@@ -113,3 +82,42 @@ def test_wrappers_reject_bad_inputs():
             small,
             meta.slot_mapping,
         )
+
+
+@pytest.mark.parametrize("rows,hidden,dtype", LAYER_CASES)
+def test_add_rms_norm_matches_reference(rows, hidden, dtype):
+    x, residual, weight = layer_inputs(rows, hidden, dtype, seed=rows, device=DEVICE)
+    for res in (residual, None):  # the first layer has no residual yet
+        normed, new_residual = add_rms_norm_triton(x, res, weight, 1e-5)
+        want_normed, want_residual = add_rms_norm_torch(x, res, weight, 1e-5)
+        # Within a rounding step, not bit for bit: Triton's interpreter truncates when it
+        # narrows float32 to bfloat16, where torch and GPUs round to nearest.
+        tol = TOL[dtype]
+        torch.testing.assert_close(new_residual.float(), want_residual.float(), atol=tol, rtol=tol)
+        torch.testing.assert_close(normed.float(), want_normed.float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("rows,heads,kv_heads,head_dim,dtype", ROTARY_CASES)
+def test_rotary_matches_reference_in_place(rows, heads, kv_heads, head_dim, dtype):
+    qkv, q, k, cos, sin = rotary_inputs(rows, heads, kv_heads, head_dim, dtype, device=DEVICE)
+    want_q, want_k = rotary_torch(q.clone(), k.clone(), cos, sin)
+    v_before = qkv[:, (heads + kv_heads) * head_dim :].clone()
+    got_q, got_k = rotary_triton(q, k, cos, sin)
+    assert got_q.data_ptr() == q.data_ptr()  # rotated in place, inside the fused qkv
+    tol = TOL[dtype]  # products rounded as torch does, up to the interpreter's bf16 truncation
+    torch.testing.assert_close(got_q, want_q, atol=tol, rtol=tol)
+    torch.testing.assert_close(got_k, want_k, atol=tol, rtol=tol)
+    assert torch.equal(qkv[:, (heads + kv_heads) * head_dim :], v_before)  # v untouched
+
+
+def test_layer_wrappers_reject_bad_inputs():
+    x, residual, weight = layer_inputs(4, 64, torch.float32, device=DEVICE)
+    with pytest.raises(ValueError, match="weight must be"):
+        add_rms_norm_triton(x, residual, weight[:32], 1e-5)
+    with pytest.raises(ValueError, match="residual"):
+        add_rms_norm_triton(x, residual.half(), weight, 1e-5)
+    _qkv, q, k, cos, sin = rotary_inputs(3, 4, 2, 64, torch.float32, device=DEVICE)
+    with pytest.raises(ValueError, match="cos/sin"):
+        rotary_triton(q, k, cos[:2], sin[:2])
+    with pytest.raises(ValueError, match="share a dtype"):
+        rotary_triton(q, k, cos.half(), sin.half())

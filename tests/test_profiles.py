@@ -56,7 +56,7 @@ BROKEN = [
     ("[engine]\nslots = 4\n", "unknown setting 'slots'"),
     ("[engine]\nblock_size = 12\n", "block_size must be one of 8, 16, 32, 64, 128"),
     ('[engine]\ndtype = "float8"\n', "dtype must be one of auto, float32"),
-    ('[engine]\nattention = "flash"\n', "attention must be one of auto, torch, triton"),
+    ('[engine]\nkernels = "flash"\n', "kernels must be one of auto, torch, cpu, triton"),
     ("[engine]\nkv_memory_fraction = 1.5\n", "kv_memory_fraction must be in (0, 0.95]"),
     ('[engine]\nprefix_cache = "yes"\n', "prefix_cache must be true or false"),
     (

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from lucedesk.errors import ConfigError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-ATTENTION = ("auto", "torch", "triton")
+KERNELS = ("auto", "torch", "cpu", "triton")
 
 
 @dataclass(slots=True, frozen=True)
@@ -25,7 +25,7 @@ class EngineConfig:
     decode_headroom_tokens: int = 16  # reserved at admission beyond the prompt
     max_waiting: int = 256  # queued requests before the server answers 503
     dtype: str = "auto"  # auto = bfloat16 where the device computes it fast, else float32
-    attention: str = "auto"  # auto = triton on a GPU, torch on the CPU
+    kernels: str = "auto"  # auto = triton on a GPU, the C++ cpu kernels (or torch) on a CPU
     device: str = "auto"  # auto = cuda when available (ROCm too), else cpu
     num_threads: int = 0  # CPU threads for torch; 0 = torch's default
     prefix_cache: bool = True
@@ -58,8 +58,8 @@ class EngineConfig:
             raise fail("kv_memory_fraction", "must be in (0, 0.95]")
         if self.dtype not in DTYPES:
             raise fail("dtype", f"must be one of {', '.join(DTYPES)}")
-        if self.attention not in ATTENTION:
-            raise fail("attention", f"must be one of {', '.join(ATTENTION)}")
+        if self.kernels not in KERNELS:
+            raise fail("kernels", f"must be one of {', '.join(KERNELS)}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise fail("device", "must be auto, cpu, cuda or cuda:N")
         return self

@@ -16,7 +16,7 @@ from lucedesk.engine.models.llama import ModelConfig
 from lucedesk.engine.models.loader import LoadedModel, load_model
 from lucedesk.engine.runner import TorchSeqEngine
 from lucedesk.engine.scheduler import Scheduler
-from lucedesk.kernels import resolve_attention
+from lucedesk.kernels import resolve_kernels
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class BuiltEngine:
     device: torch.device
     dtype: torch.dtype
     pool_tokens: int
-    attention: str
+    kernels: str
 
 
 def build_engine(model_path: str | Path, config: EngineConfig) -> BuiltEngine:
@@ -141,18 +141,18 @@ def assemble(loaded: LoadedModel, config: EngineConfig, device: torch.device) ->
         config, loaded.config, model.dtype, available_memory(device, config.unified_memory), max_len
     )
     num_blocks = max(pool_tokens // config.block_size, 1)
-    attention = resolve_attention(config.attention, device)
-    runner = TorchSeqEngine(model, num_blocks, config.block_size, attention, device)
+    kernels = resolve_kernels(config.kernels, device)
+    runner = TorchSeqEngine(model, num_blocks, config.block_size, kernels, device)
     scheduler = Scheduler(config, num_blocks, max_len)
     engine = Engine(runner, scheduler, loaded.tokenizer, loaded.name, config.max_waiting)
     log.info(
-        "engine: %s on %s (%s), %d slots, KV pool %d tokens (%d MiB), attention %s",
+        "engine: %s on %s (%s), %d slots, KV pool %d tokens (%d MiB), %s kernels",
         loaded.name,
         device,
         str(model.dtype).removeprefix("torch."),
         config.max_slots,
         pool_tokens,
         pool_tokens * kv_bytes_per_token(loaded.config, model.dtype) // MIB,
-        attention,
+        kernels,
     )
-    return BuiltEngine(engine, loaded, device, model.dtype, pool_tokens, attention)
+    return BuiltEngine(engine, loaded, device, model.dtype, pool_tokens, kernels)

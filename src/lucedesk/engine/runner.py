@@ -8,7 +8,7 @@ from lucedesk.engine.models.llama import LlamaModel
 from lucedesk.engine.sampler import Sampler
 from lucedesk.engine.scheduler import StepPlan
 from lucedesk.engine.seq_engine import StepResult
-from lucedesk.kernels import AttentionBackend, get_attention_backend
+from lucedesk.kernels import Kernels, get_kernels
 from lucedesk.kernels.metadata import AttentionMetadata
 
 
@@ -18,13 +18,13 @@ class PagedAttention:
 
     def __init__(
         self,
-        backend: AttentionBackend,
+        kernels: Kernels,
         k_caches: list[torch.Tensor],
         v_caches: list[torch.Tensor],
         meta: AttentionMetadata,
         scale: float,
     ) -> None:
-        self.backend = backend
+        self.kernels = kernels
         self.k_caches = k_caches
         self.v_caches = v_caches
         self.meta = meta
@@ -34,8 +34,8 @@ class PagedAttention:
         self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
         k_cache, v_cache = self.k_caches[layer_idx], self.v_caches[layer_idx]
-        self.backend.write_kv(k, v, k_cache, v_cache, self.meta.slot_mapping)
-        return self.backend.attention(q, k_cache, v_cache, self.meta, self.scale)
+        self.kernels.write_kv(k, v, k_cache, v_cache, self.meta.slot_mapping)
+        return self.kernels.attention(q, k_cache, v_cache, self.meta, self.scale)
 
 
 class TorchSeqEngine:
@@ -44,7 +44,7 @@ class TorchSeqEngine:
         model: LlamaModel,
         num_blocks: int,
         block_size: int,
-        attention: str = "torch",
+        kernels: str = "torch",
         device: torch.device | str = "cpu",
     ) -> None:
         c = model.config
@@ -52,7 +52,8 @@ class TorchSeqEngine:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.device = torch.device(device)
-        self.backend = get_attention_backend(attention)
+        self.kernels = get_kernels(kernels)
+        model.use_kernels(self.kernels)
         shape = (c.num_kv_heads, num_blocks, block_size, c.head_dim)
         self.k_caches = [torch.zeros(shape, dtype=model.dtype, device=device) for _ in model.layers]
         self.v_caches = [torch.zeros(shape, dtype=model.dtype, device=device) for _ in model.layers]
@@ -75,7 +76,7 @@ class TorchSeqEngine:
             num_decodes=len(plan.decodes),
             device=self.device,
         )
-        attention = PagedAttention(self.backend, self.k_caches, self.v_caches, meta, self.scale)
+        attention = PagedAttention(self.kernels, self.k_caches, self.v_caches, meta, self.scale)
         with torch.inference_mode():
             hidden = self.model(
                 torch.tensor(input_ids, device=self.device),

@@ -1,9 +1,16 @@
-"""Attention and KV-write kernels: Triton for GPUs, torch for the CPU and as the reference.
+"""Kernels for one decoder step: paged attention and KV writes, residual-add + RMSNorm and
+rotary embedding, in three implementations picked by name:
 
-`get_attention_backend(name)` is the one place the runner picks an implementation."""
+- `torch`: plain torch ops, runs anywhere; the reference the others are tested against.
+- `cpu`: C++ kernels built on first use (`cpu.py`): attention over KV blocks in place,
+  fused norms and rotary, for CPUs.
+- `triton`: Triton kernels for GPUs (CUDA, and ROCm unchanged).
+
+`get_kernels(name)` is the one place the runner and the model pick an implementation."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -11,29 +18,64 @@ import torch
 
 from lucedesk.errors import ConfigError
 
+log = logging.getLogger(__name__)
 
-class AttentionBackend(NamedTuple):
+KERNEL_CHOICES = ("auto", "torch", "cpu", "triton")
+
+
+class Kernels(NamedTuple):
     name: str
     write_kv: Callable[..., None]  # (k, v, k_cache, v_cache, slot_mapping)
     attention: Callable[..., torch.Tensor]  # (q, k_cache, v_cache, meta, scale) -> out
+    # (x, residual | None, weight, eps) -> (rms_norm(x + residual) * weight, x + residual)
+    add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    # (q, k, cos, sin) -> (q, k) rotated; may rotate in place
+    rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
-def resolve_attention(name: str, device: torch.device) -> str:
-    """`auto` means Triton on a GPU and torch on the CPU."""
-    if name == "auto":
-        return "triton" if device.type == "cuda" else "torch"
-    return name
+def resolve_kernels(name: str, device: torch.device) -> str:
+    """`auto` means Triton on a GPU; on a CPU the C++ kernels where they build, else torch."""
+    if name != "auto":
+        return name
+    if device.type == "cuda":
+        return "triton"
+    from lucedesk.kernels.cpu import KernelUnavailable, load_cpu_ops
+
+    try:
+        load_cpu_ops()
+    except KernelUnavailable as exc:
+        log.warning("CPU kernels unavailable, using torch ops: %s", exc)
+        return "torch"
+    return "cpu"
 
 
-def get_attention_backend(name: str) -> AttentionBackend:
+def get_kernels(name: str) -> Kernels:
+    from lucedesk.kernels.attention_torch import paged_attention_torch, write_kv_torch
+    from lucedesk.kernels.layers_torch import add_rms_norm_torch, rotary_torch
+
     if name == "torch":
-        from lucedesk.kernels.attention_torch import paged_attention_torch, write_kv_torch
+        return Kernels(
+            "torch", write_kv_torch, paged_attention_torch, add_rms_norm_torch, rotary_torch
+        )
+    if name == "cpu":
+        from lucedesk.kernels.cpu import (
+            KernelUnavailable,
+            add_rms_norm_cpu,
+            load_cpu_ops,
+            paged_attention_cpu,
+            rotary_cpu,
+        )
 
-        return AttentionBackend("torch", write_kv_torch, paged_attention_torch)
+        try:
+            load_cpu_ops()
+        except KernelUnavailable as exc:
+            raise ConfigError(f"kernels 'cpu': {exc}") from None
+        return Kernels("cpu", write_kv_torch, paged_attention_cpu, add_rms_norm_cpu, rotary_cpu)
     if name == "triton":
         try:
             from lucedesk.kernels.attention_triton import paged_attention, write_kv
+            from lucedesk.kernels.layers_triton import add_rms_norm_triton, rotary_triton
         except ImportError as exc:
-            raise ConfigError(f"attention 'triton' needs the triton package ({exc})") from None
-        return AttentionBackend("triton", write_kv, paged_attention)
-    raise ConfigError(f"unknown attention implementation {name!r} (torch, triton or auto)")
+            raise ConfigError(f"kernels 'triton' need the triton package ({exc})") from None
+        return Kernels("triton", write_kv, paged_attention, add_rms_norm_triton, rotary_triton)
+    raise ConfigError(f"unknown kernels {name!r} (one of {', '.join(KERNEL_CHOICES)})")

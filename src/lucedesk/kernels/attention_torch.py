@@ -47,17 +47,28 @@ def paged_attention_torch(
 
     Each row attends to its own sequence's cached tokens up to and including its position
     (the new K/V must already be written)."""
-    num_tokens, num_heads, head_dim = q.shape
     out = torch.empty_like(q)
     nd = meta.num_decodes
     if nd:
         out[:nd] = _decode(q[:nd], k_cache, v_cache, meta, scale)
-    for i in range(nd, meta.num_seqs):
+    prefill_chunks(q, k_cache, v_cache, meta, scale, out)
+    return out
+
+
+def prefill_chunks(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    out: torch.Tensor,
+) -> None:
+    """Attention for the step's prompt chunks (the sequences after the decodes), into `out`."""
+    for i in range(meta.num_decodes, meta.num_seqs):
         start, end = meta.query_start_cpu[i], meta.query_start_cpu[i + 1]
         out[start:end] = _prefill(
             q[start:end], k_cache, v_cache, meta.block_tables[i], meta.seq_lens_cpu[i], scale
         )
-    return out
 
 
 def _gather(cache: torch.Tensor, block_table: torch.Tensor, num_blocks: int) -> torch.Tensor:

@@ -65,6 +65,8 @@ def _attention_split_kernel(
     part_acc_ptr,
     part_m_ptr,
     part_l_ptr,
+    q_stride_t,
+    q_stride_h,
     scale,
     num_heads,
     num_blocks,
@@ -93,7 +95,7 @@ def _attention_split_kernel(
     heads = kv_head * GROUP + g
     g_mask = g < GROUP
     q = tl.load(
-        q_ptr + (row * num_heads + heads)[:, None] * HEAD_DIM + d[None, :],
+        q_ptr + row.to(tl.int64) * q_stride_t + heads[:, None] * q_stride_h + d[None, :],
         mask=g_mask[:, None],
         other=0.0,
     ).to(DOT_DTYPE)  # [GROUP_PAD, HEAD_DIM]
@@ -248,8 +250,11 @@ def row_positions(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """q: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim]."""
-    _check("q", q, 3, k_cache.dtype)
+    """q: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim]. q may be a
+    view into the fused qkv projection (rows strided, head_dim contiguous)."""
+    _check_rows("q", q)
+    if q.dtype != k_cache.dtype:
+        raise ValueError(f"q must be {k_cache.dtype}, got {q.dtype}")
     _check_cache(q, k_cache, v_cache)
     num_tokens, num_heads, head_dim = q.shape
     kv_heads, num_blocks, block_size, _ = k_cache.shape
@@ -277,6 +282,8 @@ def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) 
         part_acc,
         part_m,
         part_l,
+        q.stride(0),
+        q.stride(1),
         scale,
         num_heads,
         num_blocks,
@@ -291,7 +298,7 @@ def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) 
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         DOT_DTYPE=_dot_dtype(q.dtype),
     )
-    out = torch.empty_like(q)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     _attention_reduce_kernel[(num_tokens, num_heads)](
         part_acc,
         part_m,

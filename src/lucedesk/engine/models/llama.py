@@ -16,6 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lucedesk.kernels import Kernels, get_kernels
+from lucedesk.kernels.layers_torch import rms_norm
+
 
 @dataclass(slots=True)
 class ModelConfig:
@@ -59,15 +62,6 @@ class Attention(Protocol):
         ...
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # Statistics in float32 whatever the activation dtype, as the reference models do.
-    if x.dtype == torch.float32:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
-
-
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     dim = config.head_dim
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
@@ -93,11 +87,6 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     return inv_freq.float()
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 class LlamaModel(nn.Module):
     """Weights are held fused (q|k|v and gate|up) so each layer runs two input matmuls."""
 
@@ -117,10 +106,15 @@ class LlamaModel(nn.Module):
         inv_freq = rope_inv_freq(c)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.kernels: Kernels = get_kernels("torch")
         self.requires_grad_(False)
 
+    def use_kernels(self, kernels: Kernels) -> None:
+        """Norms and rotary run through these (attention is the runner's, per step)."""
+        self.kernels = kernels
+
     def rope_cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin for each row: [num_tokens, 1, head_dim] in the model dtype (one table)."""
+        """cos/sin for each row: [num_tokens, head_dim] in the model dtype (one table)."""
         needed = int(positions.max()) + 1 if positions.numel() else 1
         if self._rope_cache is None or self._rope_cache[0].shape[0] < needed:
             size = max(needed, self.config.max_position_embeddings, 1)
@@ -129,7 +123,7 @@ class LlamaModel(nn.Module):
             emb = torch.cat((freqs, freqs), dim=-1)
             self._rope_cache = (emb.cos().to(self.dtype), emb.sin().to(self.dtype))
         cos, sin = self._rope_cache
-        return cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+        return cos[positions], sin[positions]
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attention: Attention
@@ -140,7 +134,7 @@ class LlamaModel(nn.Module):
         cos, sin = self.rope_cos_sin(positions)
         residual = None
         for i, layer in enumerate(self.layers):
-            x, residual = layer(i, x, residual, cos, sin, attention)
+            x, residual = layer(i, x, residual, cos, sin, attention, self.kernels)
         return x + residual if residual is not None else x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -177,12 +171,12 @@ class DecoderLayer(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         attention: Attention,
+        kernels: Kernels,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.c
         eps = c.rms_norm_eps
         # x: [T, H]; the residual stream is carried separately so each norm reads x + residual.
-        residual = x if residual is None else x + residual
-        h = rms_norm(residual, self.input_norm, eps)
+        h, residual = kernels.add_rms_norm(x, residual, self.input_norm, eps)
 
         qkv = F.linear(h, self.qkv_proj, self.qkv_bias)  # [T, q + 2kv]
         T = qkv.shape[0]
@@ -193,13 +187,11 @@ class DecoderLayer(nn.Module):
         if c.qk_norm:
             q = rms_norm(q, self.q_norm, eps)
             k = rms_norm(k, self.k_norm, eps)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        q, k = kernels.rotary(q, k, cos, sin)  # cos/sin: [T, hd]
         o = attention(layer_idx, q, k, v)  # [T, nh, hd]
         x = F.linear(o.reshape(T, c.q_size), self.o_proj)
 
-        residual = x + residual
-        h = rms_norm(residual, self.post_attention_norm, eps)
+        h, residual = kernels.add_rms_norm(x, residual, self.post_attention_norm, eps)
         gate_up = F.linear(h, self.gate_up_proj)  # [T, 2I]
         gate, up = gate_up.chunk(2, dim=-1)
         x = F.linear(F.silu(gate) * up, self.down_proj)

@@ -32,7 +32,7 @@ class ProfilesScreen(Screen):
         current = self.app.host.profile.name if self.app.host.profile else ""
         self.query_one("#why", Label).update(f"{why}; running: {current}")
         table = self.query_one(DataTable)
-        table.add_columns("", "profile", "description", "slots", "KV pool", "attention", "source")
+        table.add_columns("", "profile", "description", "slots", "KV pool", "kernels", "source")
         for name, p in self.profiles.items():
             mark = ("▶" if name == current else " ") + ("*" if name == detected.name else " ")
             pool = str(p.engine.kv_pool_tokens or "derived")
@@ -42,7 +42,7 @@ class ProfilesScreen(Screen):
                 p.description,
                 str(p.engine.max_slots),
                 pool,
-                p.engine.attention,
+                p.engine.kernels,
                 "built-in" if p.builtin else str(p.path),
                 key=name,
             )

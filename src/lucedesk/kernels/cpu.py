@@ -1,0 +1,190 @@
+"""CPU kernels in C++ (`cpu_ops.cpp`): paged decode attention that reads KV blocks in place,
+fused residual-add + RMSNorm, and in-place rotary embedding.
+
+The source is compiled on first use with the machine's C++ compiler against the installed
+torch (about 7 s), cached under the user cache directory keyed by source, torch version,
+compiler flags and CPU, and loaded as `torch.ops.lucedesk_cpu`. Without a compiler,
+`load_cpu_ops` raises `KernelUnavailable`, and the `auto` kernel choice falls back to torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from lucedesk.kernels.attention_torch import prefill_chunks
+from lucedesk.kernels.metadata import AttentionMetadata
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("cpu_ops.cpp")
+# -ffp-contract=off: no fused multiply-adds, so the rotary and the residual add round exactly
+# where the torch reference does. Reassociation is allowed (sums and dot products reduce in
+# vector registers, in a fixed order that does not depend on the batch).
+CXXFLAGS = [
+    "-O3",
+    "-march=native",
+    "-mprefer-vector-width=512",
+    "-fno-math-errno",
+    "-ffp-contract=off",
+    "-fassociative-math",
+    "-fno-signed-zeros",
+    "-fno-trapping-math",
+    "-fopenmp",
+    "-std=c++17",
+    "-fPIC",
+]
+
+
+class KernelUnavailable(RuntimeError):
+    """The CPU kernels cannot be built or loaded here (no compiler, a failed build)."""
+
+
+def cache_dir() -> Path:
+    from platformdirs import user_cache_dir
+
+    root = os.environ.get("LUCEDESK_KERNEL_CACHE") or user_cache_dir("lucedesk")
+    return Path(root) / "kernels"
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _build_command(compiler: str, source: Path, output: Path) -> list[str]:
+    from torch.utils.cpp_extension import include_paths, library_paths
+
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    cmd = [compiler, *CXXFLAGS, "-shared", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
+    cmd += [f"-I{p}" for p in include_paths()]
+    cmd += [str(source), "-o", str(output)]
+    for lib in library_paths():
+        cmd += [f"-L{lib}", f"-Wl,-rpath,{lib}"]
+    return cmd + ["-lc10", "-ltorch_cpu"]
+
+
+@functools.cache
+def load_cpu_ops() -> object:
+    """Build (once per machine and torch version) and load the kernels; returns
+    `torch.ops.lucedesk_cpu`. Process-wide: a torch op library registers only once."""
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        raise KernelUnavailable("no C++ compiler found (set CXX or install g++)")
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(
+        b"\0".join(
+            [
+                source,
+                torch.__version__.encode(),
+                " ".join(CXXFLAGS).encode(),
+                compiler.encode(),
+                _cpu_flags().encode(),
+                sys.version.encode(),
+            ]
+        )
+    ).hexdigest()[:16]
+    library = cache_dir() / f"lucedesk_cpu_ops-{key}.so"
+    if not library.exists():
+        library.parent.mkdir(parents=True, exist_ok=True)
+        log.info("building CPU kernels (first run on this machine, ~10 s)")
+        with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
+            partial = Path(tmp) / library.name
+            result = subprocess.run(
+                _build_command(compiler, SOURCE, partial), capture_output=True, text=True
+            )
+            if result.returncode != 0:
+                tail = "\n".join(result.stderr.strip().splitlines()[-12:])
+                raise KernelUnavailable(f"building the CPU kernels failed:\n{tail}")
+            os.replace(partial, library)  # atomic: a concurrent build never sees half a file
+    try:
+        torch.ops.load_library(str(library))
+    except (OSError, RuntimeError) as exc:
+        raise KernelUnavailable(f"loading {library} failed: {exc}") from None
+    return torch.ops.lucedesk_cpu
+
+
+def _require(cond: bool, message: str) -> None:
+    if not cond:
+        raise ValueError(message)
+
+
+def _check_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    _require(q.dim() == 3, f"q must be [tokens, heads, head_dim], got {tuple(q.shape)}")
+    _require(k_cache.dim() == 4, f"k_cache must be 4-D, got {tuple(k_cache.shape)}")
+    _require(k_cache.shape == v_cache.shape, "k_cache and v_cache differ in shape")
+    _require(
+        q.dtype == k_cache.dtype == v_cache.dtype,
+        f"dtypes differ: q {q.dtype}, k_cache {k_cache.dtype}, v_cache {v_cache.dtype}",
+    )
+    _require(q.device.type == k_cache.device.type == "cpu", "the CPU kernels take CPU tensors only")
+    _require(q.shape[2] == k_cache.shape[3], "q and the cache differ in head_dim")
+    _require(q.shape[1] % k_cache.shape[0] == 0, "query heads must be a multiple of KV heads")
+    _require(q.stride(2) == 1, "q's head_dim must be contiguous")
+    _require(k_cache.is_contiguous() and v_cache.is_contiguous(), "caches must be contiguous")
+
+
+def paged_attention_cpu(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Same contract as `paged_attention_torch`: decode rows in C++ over the blocks in
+    place; prompt chunks through torch's SDPA (compute-bound, where oneDNN's matmuls win)."""
+    _check_inputs(q, k_cache, v_cache)
+    _require(q.shape[0] == meta.num_tokens, f"q has {q.shape[0]} rows, the step {meta.num_tokens}")
+    out = torch.empty(q.shape, dtype=q.dtype)
+    nd = meta.num_decodes
+    if nd:
+        load_cpu_ops().paged_decode_attention(
+            out[:nd], q[:nd], k_cache, v_cache, meta.block_tables, meta.seq_lens, scale
+        )
+    prefill_chunks(q, k_cache, v_cache, meta, scale, out)
+    return out
+
+
+def add_rms_norm_cpu(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x, residual: [T, H] -> (rms_norm(x + residual) * weight, x + residual)."""
+    _require(x.dim() == 2 and x.is_contiguous(), f"x must be contiguous [T, H], got {x.shape}")
+    _require(weight.shape == (x.shape[1],), "weight must be [H]")
+    _require(weight.dtype == x.dtype and weight.is_contiguous(), "weight: x's dtype, contiguous")
+    if residual is not None:
+        _require(residual.shape == x.shape, "residual must have x's shape")
+        _require(residual.dtype == x.dtype and residual.is_contiguous(), "residual: x's dtype")
+    return load_cpu_ops().add_rms_norm(x, residual, weight, eps)
+
+
+def rotary_cpu(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotates q [T, nh, hd] and k [T, kvh, hd] in place (views into a fused qkv are fine);
+    cos/sin: [T, hd], each row's table entry."""
+    for name, t in (("q", q), ("k", k)):
+        _require(t.dim() == 3 and t.stride(2) == 1, f"{name} must be [T, heads, hd], hd dense")
+        _require(t.dtype == cos.dtype == sin.dtype, f"{name}, cos and sin must share a dtype")
+    _require(
+        cos.shape == sin.shape == (q.shape[0], q.shape[2]) and cos.is_contiguous(),
+        f"cos/sin must be contiguous [T, head_dim], got {tuple(cos.shape)}",
+    )
+    _require(sin.is_contiguous(), "sin must be contiguous")
+    load_cpu_ops().rotary_(q, k, cos, sin)
+    return q, k

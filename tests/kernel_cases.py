@@ -1,0 +1,89 @@
+"""Inputs shared by the kernel tests (Triton in test_kernels.py, C++ in test_cpu_kernels.py):
+random paged batches and activations, with their tolerances."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from lucedesk.kernels.metadata import AttentionMetadata
+
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def make_batch(seed, block_size, seqs, kv_heads, head_dim, dtype, num_blocks=400):
+    """`seqs`: (cached tokens before this step, new query rows) per sequence, decodes first.
+    Block tables are random, scattered picks of the pool; the first two sequences share
+    their first block (as a shared prefix would)."""
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    k_cache = torch.randn(kv_heads, num_blocks, block_size, head_dim, generator=g).to(dtype)
+    v_cache = torch.randn(kv_heads, num_blocks, block_size, head_dim, generator=g).to(dtype)
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    tables, query_lens, seq_lens = [], [], []
+    for cached, new in seqs:
+        total = cached + new
+        tables.append([free.pop() for _ in range(-(-total // block_size))])
+        query_lens.append(new)
+        seq_lens.append(total)
+    if len(tables) > 1 and seq_lens[0] > block_size and seq_lens[1] > block_size:
+        tables[1][0] = tables[0][0]
+    num_decodes = sum(1 for _, new in seqs if new == 1)
+    meta = AttentionMetadata.build(
+        query_lens, seq_lens, tables, block_size, num_decodes, device=DEVICE
+    )
+    return k_cache.to(DEVICE), v_cache.to(DEVICE), meta
+
+
+CASES = [
+    # (gqa ratio, head_dim, dtype, block_size, [(cached, new), ...])
+    (1, 64, torch.float32, 16, [(0, 1), (16, 1), (299, 1), (2099, 1)]),
+    (3, 64, torch.float32, 16, [(4, 1), (63, 1), (512, 1), (20, 7), (0, 12)]),
+    (4, 128, torch.float32, 32, [(40, 1), (700, 1), (33, 5), (0, 17)]),
+    (8, 64, torch.float32, 16, [(1, 1), (100, 1), (31, 9)]),
+    (4, 64, torch.bfloat16, 16, [(10, 1), (300, 1), (15, 6), (0, 3)]),
+    (3, 128, torch.float16, 32, [(70, 1), (1000, 1), (48, 4)]),
+    (8, 128, torch.bfloat16, 16, [(2, 1), (600, 1), (5, 11)]),
+]
+
+
+# (rows, hidden, dtype) for the norms; (rows, q heads, kv heads, head_dim, dtype) for rotary.
+LAYER_CASES = [
+    (1, 576, torch.float32),
+    (37, 576, torch.bfloat16),
+    (5, 1000, torch.float16),
+    (300, 128, torch.bfloat16),
+]
+ROTARY_CASES = [
+    (1, 9, 3, 64, torch.float32),
+    (23, 9, 3, 64, torch.bfloat16),
+    (7, 8, 2, 128, torch.float16),
+    (130, 4, 4, 64, torch.bfloat16),
+]
+
+
+def layer_inputs(rows, hidden, dtype, seed=0, device="cpu"):
+    """x, residual, weight as a decoder layer sees them (activations of varied scale)."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(rows, hidden, generator=g) * 3).to(dtype).to(device)
+    residual = torch.randn(rows, hidden, generator=g).to(dtype).to(device)
+    weight = (1 + 0.2 * torch.randn(hidden, generator=g)).to(dtype).to(device)
+    return x, residual, weight
+
+
+def rotary_inputs(rows, heads, kv_heads, head_dim, dtype, seed=0, device="cpu"):
+    """q and k as views into one fused qkv (strided rows), and cos/sin rows of a real rope
+    table at scattered positions."""
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * head_dim, generator=g).to(dtype).to(device)
+    q, k, _v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1)
+    q, k = q.view(rows, heads, head_dim), k.view(rows, kv_heads, head_dim)
+    positions = torch.randint(0, 8192, (rows,), generator=g)
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, head_dim, 2).double() / head_dim))
+    freqs = torch.outer(positions.double(), inv_freq)
+    emb = torch.cat((freqs, freqs), -1)
+    cos, sin = emb.cos().to(dtype).to(device), emb.sin().to(dtype).to(device)
+    return qkv, q, k, cos, sin
