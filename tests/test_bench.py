@@ -161,3 +161,47 @@ def test_bench_mixed_lengths(server, tmp_path):
     level = json.loads(out.read_text())["levels"][0]
     assert level["num_failed"] == 0 and level["length_mismatches"] == 0
     assert 8 * 2 <= level["output_tokens"] <= 8 * 12 and level["output_tokens"] != 8 * 12
+
+
+def test_offline_bench_from_the_command_line(tiny_llama, tmp_path, capsys):
+    """`lucedesk bench --offline` end to end on the in-process engine, lengths as N or
+    MIN:MAX; every request runs to its length and the JSON records each level."""
+    from lucedesk.commands import bench
+
+    out = tmp_path / "offline.json"
+    args = build_parser().parse_args(
+        [
+            "bench",
+            "--offline",
+            "--model",
+            str(tiny_llama),
+            "-n",
+            "6",
+            "-c",
+            "1,3",
+            "--input-len",
+            "8:40",
+            "--output-len",
+            "5",
+            "--set",
+            "max_slots=4",
+            "--json",
+            str(out),
+        ]
+    )
+    assert bench(args) == 0
+    assert "| 3 |" in capsys.readouterr().out
+    levels = json.loads(out.read_text())["levels"]
+    assert [lv["concurrency"] for lv in levels] == [1, 3]
+    for lv in levels:
+        assert lv["num_requests"] == 6 and lv["num_failed"] == 0
+        assert lv["output_tokens"] == 6 * 5 and lv["length_mismatches"] == 0
+
+
+def test_offline_bench_rejects_bad_lengths_before_loading():
+    from lucedesk.commands import bench
+    from lucedesk.errors import ConfigError
+
+    args = build_parser().parse_args(["bench", "--offline", "--input-len", "0", "-c", "1"])
+    with pytest.raises(ConfigError, match="length '0'"):
+        bench(args)

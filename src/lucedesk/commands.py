@@ -88,6 +88,7 @@ def bench(args: argparse.Namespace) -> int:
 
         return online_main(args)
     from lucedesk.bench.offline import markdown_table, run_offline
+    from lucedesk.bench.online import length_range
 
     try:
         levels = [int(c) for c in str(args.concurrency or "1,2,4,8,16").split(",") if c.strip()]
@@ -97,6 +98,7 @@ def bench(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--concurrency {args.concurrency!r}: expected numbers like 1,2,4"
         ) from None
+    input_len, output_len = length_range(args.input_len), length_range(args.output_len)
     built = build_from_args(args)
     engine = built.engine
     try:
@@ -105,7 +107,13 @@ def bench(args: argparse.Namespace) -> int:
             f"output {args.output_len}, ignore_eos, closed loop"
         )
         results = run_offline(
-            engine, levels, args.num_requests, args.input_len, args.output_len, args.seed, log=say
+            engine,
+            levels,
+            args.num_requests,
+            input_len,
+            output_len,
+            args.seed,
+            log=say,
         )
     finally:
         engine.shutdown()

@@ -6,40 +6,47 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from lucedesk.bench.metrics import RequestRecord, Summary, summarize
 from lucedesk.engine.engine import Engine
 from lucedesk.engine.request import SamplingParams
 
 
-def random_prompts(engine: Engine, num: int, length: int, seed: int) -> list[list[int]]:
-    """Distinct random token sequences (no shared prefixes), avoiding special tokens."""
+def random_prompts(
+    engine: Engine, num: int, length: int | tuple[int, int], seed: int
+) -> list[list[int]]:
+    """Distinct random token sequences (no shared prefixes), avoiding special tokens; each
+    `length` long, or drawn from the (MIN, MAX) range."""
     rng = random.Random(seed)
+    lo, hi = (length, length) if isinstance(length, int) else length
     vocab = engine.tokenizer.vocab_size
     specials = engine.tokenizer.special_ids
     pool = [t for t in range(vocab) if t not in specials]
-    return [[rng.choice(pool) for _ in range(length)] for _ in range(num)]
+    return [[rng.choice(pool) for _ in range(rng.randint(lo, hi))] for _ in range(num)]
 
 
 def closed_loop(
     engine: Engine,
     prompts: list[list[int]],
-    output_len: int,
+    output_len: int | list[int],
     concurrency: int,
     params: SamplingParams | None = None,
 ) -> tuple[list[RequestRecord], float]:
-    """Keep `concurrency` requests in flight until every prompt has run."""
-    params = params or SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+    """Keep `concurrency` requests in flight until every prompt has run; `output_len` per
+    request or one for all."""
+    lengths = output_len if isinstance(output_len, list) else [output_len] * len(prompts)
+    base = params or SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     records: list[RequestRecord] = []
     lock = threading.Lock()
-    queue = list(prompts)
+    queue = [(p, replace(base, max_tokens=n)) for p, n in zip(prompts, lengths)]
 
     def worker() -> None:
         while True:
             with lock:
                 if not queue:
                     return
-                prompt = queue.pop(0)
+                prompt, params = queue.pop(0)
             rec = RequestRecord(
                 time.perf_counter(),
                 num_prompt_tokens=len(prompt),
@@ -67,17 +74,22 @@ def run_offline(
     engine: Engine,
     concurrencies: list[int],
     num_requests: int,
-    input_len: int,
-    output_len: int,
+    input_len: int | tuple[int, int],
+    output_len: int | tuple[int, int],
     seed: int = 0,
     log: Callable[[str], None] = print,
 ) -> list[tuple[int, Summary]]:
-    warm = random_prompts(engine, 2, min(input_len, 32), seed + 999)
+    """Each level runs the same kind of load: `num_requests` prompts of `input_len` tokens
+    (or drawn from a (MIN, MAX) range), `output_len` output tokens (likewise), ignore_eos."""
+    warm = random_prompts(engine, 2, 32, seed + 999)
     closed_loop(engine, warm, 4, 2)  # first-call allocations and thread pools
+    out_lo, out_hi = (output_len, output_len) if isinstance(output_len, int) else output_len
     results = []
     for c in concurrencies:
         prompts = random_prompts(engine, num_requests, input_len, seed + c)
-        records, duration = closed_loop(engine, prompts, output_len, c)
+        rng = random.Random(seed + c)
+        lengths = [rng.randint(out_lo, out_hi) for _ in prompts]
+        records, duration = closed_loop(engine, prompts, lengths, c)
         summary = summarize(records, duration)
         results.append((c, summary))
         log(
