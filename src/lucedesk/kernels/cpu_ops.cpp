@@ -13,6 +13,10 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -262,6 +266,113 @@ void rotary_(at::Tensor q, at::Tensor k, const at::Tensor& cos, const at::Tensor
   });
 }
 
+#if defined(__AVX512BF16__)
+// Lane i of the result = the sum of a[i]'s sixteen lanes: a fixed tree of shuffles and adds
+// (the same for every output, whatever the batch).
+//   level 1: 16 -> 8 vectors, each half a sum for two sources
+//   level 2:  8 -> 4, each 128-bit quarter a 4-float partial of one source
+//   level 3:  4 -> 1, lane 4q + j holding source 4j + q; a permute puts source i in lane i
+inline __m512 sum16(const __m512* a) {
+  __m512 b[8], c[4];
+  for (int i = 0; i < 8; ++i)
+    b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+  for (int j = 0; j < 4; ++j)
+    c[j] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * j], b[2 * j + 1], 0x88),
+                         _mm512_shuffle_f32x4(b[2 * j], b[2 * j + 1], 0xDD));
+  const __m512 d0 = _mm512_add_ps(_mm512_unpacklo_ps(c[0], c[1]), _mm512_unpackhi_ps(c[0], c[1]));
+  const __m512 d1 = _mm512_add_ps(_mm512_unpacklo_ps(c[2], c[3]), _mm512_unpackhi_ps(c[2], c[3]));
+  const __m512 e = _mm512_add_ps(_mm512_shuffle_ps(d0, d1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_ps(d0, d1, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, e);
+}
+
+// Sixteen output channels [n0, n0 + 16) for every row: their weight rows are widened to
+// bf16 once (int8 is exact in bf16), then each row's activation slice is loaded once and
+// dotted with all sixteen by vdpbf16ps.
+void int8_block16(const c10::BFloat16* x, const int8_t* w, const float* scale,
+                  c10::BFloat16* y, int64_t n0, int64_t M, int64_t N, int64_t K,
+                  __m512bh* wbuf) {
+  const int64_t chunks = K / 32;
+  for (int64_t i = 0; i < 16; ++i) {
+    const int8_t* wr = w + (n0 + i) * K;
+    // The next block's rows are on their way while this one computes.
+    if (n0 + 16 < N)
+      for (int64_t b = 0; b < K; b += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(wr + 16 * K + b), _MM_HINT_T0);
+    for (int64_t c = 0; c < chunks; ++c) {
+      const __m512 lo = _mm512_cvtepi32_ps(
+          _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + 32 * c))));
+      const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + 32 * c + 16))));
+      wbuf[c * 16 + i] = _mm512_cvtne2ps_pbh(hi, lo);  // lanes 0-15 from lo, 16-31 from hi
+    }
+  }
+  const __m512 sc = _mm512_loadu_ps(scale + n0);
+  for (int64_t m = 0; m < M; ++m) {
+    const c10::BFloat16* xr = x + m * K;
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < chunks; ++c) {
+      const __m512bh xv = (__m512bh)_mm512_loadu_si512(xr + 32 * c);
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], xv, wbuf[c * 16 + i]);
+    }
+    const __m256bh out = _mm512_cvtneps_pbh(_mm512_mul_ps(sum16(acc), sc));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + m * N + n0), (__m256i)out);
+  }
+}
+#endif
+
+// Weight-only int8 linear: y[m, n] = scale[n] * sum_k x[m, k] * w[n, k], x bfloat16, w int8
+// with one scale per output channel. Decode reads every weight once per step, so half the
+// bytes of bf16 weights is up to half the time. Every output is computed in the same order
+// whatever the number of rows M, so a row's result does not depend on its batch.
+void int8_linear_rows(const c10::BFloat16* x, const int8_t* w, const float* scale,
+                      c10::BFloat16* y, int64_t M, int64_t N, int64_t K) {
+  int64_t blocked = 0;  // channels [0, blocked) go sixteen at a time
+#if defined(__AVX512BF16__)
+  if (K % 32 == 0) {
+    blocked = N - N % 16;
+    at::parallel_for(0, blocked / 16, 4, [&](int64_t begin, int64_t end) {
+      std::vector<__m512bh> wbuf(K / 32 * 16);
+      for (int64_t b = begin; b < end; ++b)
+        int8_block16(x, w, scale, y, b * 16, M, N, K, wbuf.data());
+    });
+  }
+#endif
+  at::parallel_for(blocked, N, 64, [&](int64_t begin, int64_t end) {
+    std::vector<float> wf(K);
+    for (int64_t n = begin; n < end; ++n) {
+      for (int64_t k = 0; k < K; ++k) wf[k] = static_cast<float>(w[n * K + k]);
+      for (int64_t m = 0; m < M; ++m) {
+        const c10::BFloat16* xr = x + m * K;
+        float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t k = 0; k < K; ++k) dot += load_f(xr[k]) * wf[k];
+        y[m * N + n] = static_cast<c10::BFloat16>(dot * scale[n]);
+      }
+    }
+  });
+}
+
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kBFloat16,
+              "int8_linear: x must be contiguous bfloat16 [M, K]");
+  TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.scalar_type() == at::kChar,
+              "int8_linear: w must be contiguous int8 [N, K]");
+  TORCH_CHECK(w.size(1) == x.size(1), "int8_linear: x and w differ in K");
+  TORCH_CHECK(scale.dim() == 1 && scale.size(0) == w.size(0) && scale.is_contiguous() &&
+                  scale.scalar_type() == at::kFloat,
+              "int8_linear: scale must be float32 [N]");
+  at::Tensor y = at::empty({x.size(0), w.size(0)}, x.options());
+  int8_linear_rows(x.data_ptr<c10::BFloat16>(), w.data_ptr<int8_t>(), scale.data_ptr<float>(),
+                   y.data_ptr<c10::BFloat16>(), x.size(0), w.size(0), x.size(1));
+  return y;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(lucedesk_cpu, m) {
@@ -271,6 +382,7 @@ TORCH_LIBRARY(lucedesk_cpu, m) {
       &paged_decode_attention);
   m.def("add_rms_norm(Tensor x, Tensor? residual, Tensor weight, float eps) -> (Tensor, Tensor)",
         &add_rms_norm);
+  m.def("int8_linear(Tensor x, Tensor w, Tensor scale) -> Tensor", &int8_linear);
   m.def("rotary_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin) -> ()",
         &rotary_);
 }
