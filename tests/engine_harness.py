@@ -80,13 +80,16 @@ def run_jobs(engine: Engine, jobs: list[Job], check: bool = True) -> list[list[i
     return [handles[i].result(timeout=0).token_ids for i in range(len(jobs))]
 
 
-def run_alone(loaded: LoadedModel, jobs: list[Job], kernels: str = "torch") -> list[list[int]]:
+def run_alone(
+    loaded: LoadedModel, jobs: list[Job], kernels: str = "torch", weights: str = "dtype"
+) -> list[list[int]]:
     """Each job by itself: one slot, whole prompt in one chunk, no preemption possible."""
     out = []
     for job in jobs:
         engine = make_engine(
             loaded,
             kernels=kernels,
+            weights=weights,
             max_slots=1,
             kv_pool_tokens=4096,
             max_num_batched_tokens=512,

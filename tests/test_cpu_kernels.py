@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lucedesk.kernels.attention_torch import paged_attention_torch
-from lucedesk.kernels.cpu import add_rms_norm_cpu, paged_attention_cpu, rotary_cpu
+from lucedesk.kernels.cpu import Int8Weight, add_rms_norm_cpu, paged_attention_cpu, rotary_cpu
 from lucedesk.kernels.layers_torch import add_rms_norm_torch, rotary_torch
 from tests.kernel_cases import (
     CASES,
@@ -96,3 +96,56 @@ def test_wrappers_reject_bad_inputs():
     _qkv, q, k, cos, sin = rotary_inputs(3, 4, 2, 64, torch.float32)
     with pytest.raises(ValueError, match="cos/sin"):
         rotary_cpu(q, k, cos[:2], sin[:2])
+
+
+@pytest.mark.parametrize("n,k", [(960, 576), (576, 1536), (40, 96)])
+def test_int8_weights_match_their_dequantized_matmul(n, k):
+    """Both layouts: tiles for AMX where the shape allows (and the CPU has it), rows else.
+    Each group of 32 loses at most 1/510 of its range."""
+    g = torch.Generator().manual_seed(n + k)
+    w = torch.randn(n, k, generator=g) * 0.05
+    weight = Int8Weight(w)
+    assert weight.nbytes < w.numel() * 2  # smaller than bf16
+    deq = weight.dequantize()
+    ranges = w.view(n, -1, 32).amax(-1) - w.view(n, -1, 32).amin(-1)
+    assert ((deq - w).view(n, -1, 32).abs().amax(-1) <= ranges / 510 + 1e-7).all()
+    x = torch.randn(37, k, generator=g).bfloat16()
+    want = x.float() @ deq.bfloat16().float().t()
+    got = weight(x).float()
+    assert (got - want).abs().max() <= 1e-2 * want.abs().max()
+
+
+def test_int8_weights_keep_llama_cpp_grids_exactly():
+    """Groups as Q8_0, Q4_0 and Q4_1 store them come back exactly."""
+    g = torch.Generator().manual_seed(3)
+    d = (torch.rand(32, 4, 1, generator=g) * 0.01).half().float()
+    q8 = torch.randint(-127, 128, (32, 4, 32), generator=g).float()
+    q8[..., 0] = 127  # Q8_0: scale = max|w| / 127
+    q4 = torch.randint(0, 16, (32, 4, 32), generator=g).float()
+    q4[..., 0] = 0  # Q4_0: scale = (value of largest magnitude) / -8
+    q4_1 = torch.randint(0, 16, (32, 4, 32), generator=g).float()
+    q4_1[..., 0], q4_1[..., 1] = 0, 15  # Q4_1: min and max are levels 0 and 15
+    minimum = -(torch.rand(32, 4, 1, generator=g) * 0.05).half().float()
+    for w in (q8 * d, (q4 - 8) * d, q4_1 * d + minimum):
+        w = w.reshape(32, 128)
+        torch.testing.assert_close(Int8Weight(w).dequantize(), w, atol=1e-8, rtol=1e-6)
+
+
+@pytest.mark.parametrize("n,k", [(960, 576), (40, 96)])
+def test_int8_rows_do_not_depend_on_the_batch(n, k):
+    """A row's output is the same bits alone, in a small batch or deep in a big one (on AMX
+    tiles: whatever its position within a 16-row tile)."""
+    g = torch.Generator().manual_seed(7)
+    weight = Int8Weight(torch.randn(n, k, generator=g))
+    x = torch.randn(45, k, generator=g).bfloat16()
+    together = weight(x)
+    for start, end in [(0, 1), (3, 4), (5, 21), (17, 18), (30, 45), (44, 45)]:
+        assert torch.equal(weight(x[start:end]), together[start:end])
+
+
+def test_int8_weights_take_bfloat16_only():
+    weight = Int8Weight(torch.randn(32, 64))
+    with pytest.raises(ValueError, match="bfloat16"):
+        weight(torch.randn(2, 64))
+    with pytest.raises(ValueError, match="groups of 32"):
+        Int8Weight(torch.randn(32, 70))

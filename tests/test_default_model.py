@@ -191,3 +191,38 @@ def test_greedy_continuations_match_transformers(ours, reference):
         near_ties.append((prompt, i, gap))
     if near_ties:
         warnings.warn(f"greedy outputs diverged only at near-ties: {near_ties}", stacklevel=1)
+
+
+PARAGRAPH = (
+    "The lighthouse keeper climbed the spiral stairs every evening at dusk. From the top he "
+    "could see the fishing boats returning to the harbour, their lanterns swaying with the "
+    "waves. He lit the great lamp, wound the clockwork that turned the lens, and wrote the "
+    "weather in his logbook: wind from the west, a light rain, visibility good. Then he made "
+    "a cup of tea and watched the beam sweep across the dark water until morning."
+)
+
+
+def next_token_predictions(loaded, token_ids: list[int]) -> torch.Tensor:
+    from lucedesk.engine.models.llama import CausalAttention
+
+    model = loaded.model
+    ids = torch.tensor(token_ids)
+    with torch.inference_mode():
+        hidden = model(ids, torch.arange(len(ids)), CausalAttention(loaded.config.head_dim))
+        return model.compute_logits(hidden).argmax(-1)
+
+
+@pytest.mark.default_model
+def test_int8_weights_keep_the_models_predictions(default_model, ours):
+    """Weight-only int8 (on the bf16 model) predicts the next token of real text as the fp32
+    model does nearly everywhere, about as often as plain bf16 does."""
+    from lucedesk.engine.build import apply_weight_format
+
+    token_ids = ours.tokenizer.encode(PARAGRAPH)
+    want = next_token_predictions(ours, token_ids)
+    bf16 = load_model(default_model, torch.bfloat16)
+    plain = (next_token_predictions(bf16, token_ids) == want).float().mean().item()
+    assert apply_weight_format(bf16.model, "int8", "cpu") == "int8"
+    int8 = (next_token_predictions(bf16, token_ids) == want).float().mean().item()
+    assert len(token_ids) > 80
+    assert plain >= 0.95 and int8 >= 0.95 and int8 >= plain - 0.03, (plain, int8)

@@ -186,3 +186,36 @@ def test_queue_limit(loaded):
         engine.submit(prompt(loaded), GREEDY)
     engine.start()
     engine.shutdown()
+
+
+def test_weight_formats_follow_the_model_and_kernels(tiny_llama):
+    """`auto` takes int8 weights only where the C++ kernels run a bf16 model on AMX; asking
+    for int8 elsewhere, or for another format once quantized, is a clear configuration
+    error."""
+    from lucedesk.config import EngineConfig
+    from lucedesk.engine.build import apply_weight_format, cpu_has_int8_tiles
+    from lucedesk.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="weights must be one of auto, dtype, int8"):
+        EngineConfig(weights="int4").validate()
+    fp32 = load_model(tiny_llama, torch.float32)
+    assert apply_weight_format(fp32.model, "auto", "cpu") == "dtype"
+    with pytest.raises(ConfigError, match="need the cpu kernels and a bfloat16 model"):
+        apply_weight_format(fp32.model, "int8", "cpu")
+    bf16 = load_model(tiny_llama, torch.bfloat16)
+    with pytest.raises(ConfigError, match="kernels torch"):
+        apply_weight_format(bf16.model, "int8", "torch")
+    other = load_model(tiny_llama, torch.bfloat16)
+    assert apply_weight_format(other.model, "auto", "cpu") == (
+        "int8" if cpu_has_int8_tiles() else "dtype"
+    )
+    engine = make_engine(bf16, weights="int8", max_slots=2, kv_pool_tokens=1024).start()
+    try:
+        assert bf16.model.weight_format == "int8"
+        assert bf16.model.layers[0].qkv_proj.numel() == 0  # the bf16 copy is released
+        out = engine.submit([5, 6, 7, 8], GREEDY).result(timeout=60)
+        assert len(out.token_ids) == GREEDY.max_tokens
+    finally:
+        engine.shutdown()
+    with pytest.raises(ConfigError, match="load it again"):
+        apply_weight_format(bf16.model, "dtype", "cpu")

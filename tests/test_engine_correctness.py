@@ -21,15 +21,15 @@ TIGHT = dict(
 )
 
 
-def check_batched_equals_alone(loaded, jobs, kernels="torch", **config):
+def check_batched_equals_alone(loaded, jobs, kernels="torch", weights="dtype", **config):
     # The pool holds the largest request and little more, so the others must make room.
     largest = max(len(j.prompt) + j.params.max_tokens for j in jobs)
     config["kv_pool_tokens"] = blocks_for(largest, config["block_size"]) * config["block_size"]
-    engine = make_engine(loaded, kernels=kernels, **config)
+    engine = make_engine(loaded, kernels=kernels, weights=weights, **config)
     assert engine.seq_engine.kernels.name == kernels
     batched = run_jobs(engine, jobs)
     assert engine.scheduler.num_preemptions > 0, "the pool was meant to force preemption"
-    alone = run_alone(loaded, jobs, kernels)
+    alone = run_alone(loaded, jobs, kernels, weights)
     for i, (got, want) in enumerate(zip(batched, alone)):
         assert got == want, f"request {i} (prompt {len(jobs[i].prompt)} tokens) differs"
         assert len(got) == jobs[i].params.max_tokens

@@ -9,6 +9,7 @@ from lucedesk.errors import ConfigError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 KERNELS = ("auto", "torch", "cpu", "triton")
+WEIGHTS = ("auto", "dtype", "int8")
 
 
 @dataclass(slots=True, frozen=True)
@@ -26,6 +27,9 @@ class EngineConfig:
     max_waiting: int = 256  # queued requests before the server answers 503
     dtype: str = "auto"  # auto = bfloat16 where the device computes it fast, else float32
     kernels: str = "auto"  # auto = triton on a GPU, the C++ cpu kernels (or torch) on a CPU
+    # dtype = matmul weights in the model dtype; int8 = weight-only int8 (cpu kernels, bf16);
+    # auto = int8 where the cpu kernels run a bf16 model, else dtype.
+    weights: str = "dtype"
     device: str = "auto"  # auto = cuda when available (ROCm too), else cpu
     num_threads: int = 0  # CPU threads for torch; 0 = torch's default
     prefix_cache: bool = True
@@ -60,6 +64,8 @@ class EngineConfig:
             raise fail("dtype", f"must be one of {', '.join(DTYPES)}")
         if self.kernels not in KERNELS:
             raise fail("kernels", f"must be one of {', '.join(KERNELS)}")
+        if self.weights not in WEIGHTS:
+            raise fail("weights", f"must be one of {', '.join(WEIGHTS)}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise fail("device", "must be auto, cpu, cuda or cuda:N")
         return self

@@ -1,5 +1,5 @@
 """CPU kernels in C++ (`cpu_ops.cpp`): paged decode attention that reads KV blocks in place,
-fused residual-add + RMSNorm, and in-place rotary embedding.
+fused residual-add + RMSNorm, in-place rotary embedding, and weight-only int8 matmuls.
 
 The source is compiled on first use with the machine's C++ compiler against the installed
 torch (about 7 s), cached under the user cache directory keyed by source, torch version,
@@ -188,3 +188,87 @@ def rotary_cpu(
     _require(sin.is_contiguous(), "sin must be contiguous")
     load_cpu_ops().rotary_(q, k, cos, sin)
     return q, k
+
+
+def quantize_groups(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """groups: [..., 32] float32 -> (q int8, d, m) with groups ~= d * q + m.
+
+    Three grids are tried per group and the closest kept: min..max over all 256 levels
+    (exact for Q4_1/Q4_K groups, whose extremes are levels 0 and 15), +-max|w| over
+    +-127 (exact for Q8_0), and the max-magnitude value at level -128 (exact for Q4_0,
+    whose scale puts it at -8 of 16 levels)."""
+    low, high = groups.amin(-1), groups.amax(-1)
+    peak = torch.where(high.abs() >= low.abs(), high, low)  # signed value of largest magnitude
+    tiny = torch.finfo(torch.float32).tiny
+    d_affine = ((high - low) / 255).clamp(min=tiny)
+    candidates = [
+        (d_affine, low + 128 * d_affine),
+        ((peak.abs() / 127).clamp(min=tiny), torch.zeros_like(low)),
+        (
+            torch.where(peak < 0, 1.0, -1.0) * (peak.abs() / 128).clamp(min=tiny),
+            torch.zeros_like(low),
+        ),
+    ]
+    best = None
+    for d, m in candidates:
+        q = torch.round((groups - m[..., None]) / d[..., None]).clamp(-128, 127)
+        err = (q * d[..., None] + m[..., None] - groups).abs().amax(-1)
+        if best is None:
+            best = [q, d, m, err]
+        else:
+            better = err < best[3]
+            best = [
+                torch.where(better[..., None], q, best[0]),
+                torch.where(better, d, best[1]),
+                torch.where(better, m, best[2]),
+                torch.minimum(err, best[3]),
+            ]
+    return best[0].to(torch.int8), best[1], best[2]
+
+
+class Int8Weight:
+    """A [N, K] weight held as int8 with an affine scale per group of 32 inputs,
+    w = d * q + m, q in [-128, 127], multiplied by bf16 activations in C++: on AMX tiles
+    where the CPU has them (the values pre-arranged for the tiles), else in plain loops.
+
+    Weights that came from a llama.cpp Q4_0/Q4_1/Q8_0/Q4_K file sit on such a grid already
+    and come back exactly (to float rounding); any other group loses at most 1/510 of its
+    range. Each row's result is independent of its batch."""
+
+    GROUP = 32
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        ops = load_cpu_ops()
+        w = weight.detach().float()
+        n, k = w.shape
+        _require(k % self.GROUP == 0, f"int8 weights need inputs in groups of 32, got {k}")
+        self.shape = (n, k)
+        q, d, m = quantize_groups(w.view(n, k // self.GROUP, self.GROUP))
+        self.tiles = bool(ops.int8_amx_available()) and n % 16 == 0
+        if self.tiles:  # see cpu_ops.cpp: per 16 channels and 32 inputs, rows of input pairs
+            q = q.view(n // 16, 16, k // 32, 16, 2).permute(0, 2, 3, 1, 4)
+            d = d.view(n // 16, 16, k // 32).transpose(1, 2)
+            m = m.view(n // 16, 16, k // 32).transpose(1, 2)
+        self.q = q.reshape(q.shape if self.tiles else (n, k)).contiguous()
+        self.d, self.m = d.contiguous(), m.contiguous()
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.numel() + (self.d.numel() + self.m.numel()) * 4
+
+    def dequantize(self) -> torch.Tensor:
+        """The weight as the kernels see it: [N, K] float32 (d * q + m, before bf16)."""
+        n, k = self.shape
+        q, d, m = self.q.float(), self.d, self.m
+        if self.tiles:
+            q = q.permute(0, 3, 1, 2, 4).reshape(n, k // 32, 32)
+            d, m = d.transpose(1, 2).reshape(n, -1), m.transpose(1, 2).reshape(n, -1)
+        else:
+            q = q.view(n, k // 32, 32)
+        return (q * d[..., None] + m[..., None]).view(n, k)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [M, K] bfloat16 -> [M, N] bfloat16."""
+        _require(x.dtype == torch.bfloat16, f"int8 weights take bfloat16 inputs, got {x.dtype}")
+        op = load_cpu_ops().int8_linear_tiles if self.tiles else load_cpu_ops().int8_linear
+        return op(x.contiguous(), self.q, self.d, self.m)

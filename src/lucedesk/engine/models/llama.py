@@ -9,6 +9,7 @@ never sees slots, queues or block tables.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -87,6 +88,11 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     return inv_freq.float()
 
 
+# A weight in another format (int8): called on activations [M, K] -> [M, N].
+Projection = Callable[[torch.Tensor], torch.Tensor]
+PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
 class LlamaModel(nn.Module):
     """Weights are held fused (q|k|v and gate|up) so each layer runs two input matmuls."""
 
@@ -107,11 +113,26 @@ class LlamaModel(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
         self.kernels: Kernels = get_kernels("torch")
+        self.weight_format = "dtype"  # or "int8" after quantize()
+        self.lm_head_quantized: Projection | None = None
         self.requires_grad_(False)
 
     def use_kernels(self, kernels: Kernels) -> None:
         """Norms and rotary run through these (attention is the runner's, per step)."""
         self.kernels = kernels
+
+    def quantize(self, name: str, make: Callable[[torch.Tensor], Projection]) -> None:
+        """Every projection and the LM head become `make(weight)` (e.g. int8 weights); the
+        originals are released. The embedding table stays as it is, for lookups."""
+        for layer in self.layers:
+            for proj in PROJECTIONS:
+                param = getattr(layer, proj)
+                layer.quantized[proj] = make(param)
+                param.data = torch.empty(0, dtype=param.dtype, device=param.device)
+        self.lm_head_quantized = make(self.lm_head)
+        if self.lm_head is not self.embed_tokens:
+            self.lm_head.data = torch.empty(0, dtype=self.dtype, device=self.lm_head.device)
+        self.weight_format = name
 
     def rope_cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin for each row: [num_tokens, head_dim] in the model dtype (one table)."""
@@ -140,6 +161,8 @@ class LlamaModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [rows, H] -> logits [rows, vocab] in float32."""
         h = rms_norm(hidden, self.norm, self.config.rms_norm_eps)
+        if self.lm_head_quantized is not None:
+            return self.lm_head_quantized(h).float()
         return F.linear(h, self.lm_head).float()
 
 
@@ -162,6 +185,15 @@ class DecoderLayer(nn.Module):
             self.k_norm = nn.Parameter(torch.ones(c.head_dim, dtype=dtype))
         self.gate_up_proj = nn.Parameter(torch.empty(2 * c.intermediate_size, H, dtype=dtype))
         self.down_proj = nn.Parameter(torch.empty(H, c.intermediate_size, dtype=dtype))
+        self.quantized: dict[str, Projection] = {}
+
+    def project(self, name: str, x: torch.Tensor, bias: torch.Tensor | None = None):
+        """x @ weight.T (+ bias) with the named projection, in whatever format it is held."""
+        quantized = self.quantized.get(name)
+        if quantized is None:
+            return F.linear(x, getattr(self, name), bias)
+        y = quantized(x)
+        return y if bias is None else y + bias
 
     def forward(
         self,
@@ -178,7 +210,7 @@ class DecoderLayer(nn.Module):
         # x: [T, H]; the residual stream is carried separately so each norm reads x + residual.
         h, residual = kernels.add_rms_norm(x, residual, self.input_norm, eps)
 
-        qkv = F.linear(h, self.qkv_proj, self.qkv_bias)  # [T, q + 2kv]
+        qkv = self.project("qkv_proj", h, self.qkv_bias)  # [T, q + 2kv]
         T = qkv.shape[0]
         q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
         q = q.view(T, c.num_heads, c.head_dim)
@@ -189,12 +221,12 @@ class DecoderLayer(nn.Module):
             k = rms_norm(k, self.k_norm, eps)
         q, k = kernels.rotary(q, k, cos, sin)  # cos/sin: [T, hd]
         o = attention(layer_idx, q, k, v)  # [T, nh, hd]
-        x = F.linear(o.reshape(T, c.q_size), self.o_proj)
+        x = self.project("o_proj", o.reshape(T, c.q_size))
 
         h, residual = kernels.add_rms_norm(x, residual, self.post_attention_norm, eps)
-        gate_up = F.linear(h, self.gate_up_proj)  # [T, 2I]
+        gate_up = self.project("gate_up_proj", h)  # [T, 2I]
         gate, up = gate_up.chunk(2, dim=-1)
-        x = F.linear(F.silu(gate) * up, self.down_proj)
+        x = self.project("down_proj", F.silu(gate) * up)
         return x, residual
 
 
