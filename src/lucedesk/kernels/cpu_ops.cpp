@@ -13,9 +13,12 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#if defined(__AVX512BF16__)
+#define LUCEDESK_AVX512BF16 1
+#include <immintrin.h>
+#endif
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__AVX512BF16__) && defined(__linux__)
 #define LUCEDESK_AMX 1
-#include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -24,6 +27,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -65,6 +69,93 @@ inline float exp_nonpositive(float x) {
   const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
   return p * __builtin_bit_cast(float, bits);
 }
+
+#if defined(LUCEDESK_AVX512BF16)
+// Lane i of the result = the sum of a[i]'s sixteen lanes, by a fixed tree of shuffles:
+//   16 -> 8 vectors, each half a sum for two sources; 8 -> 4, each 128-bit quarter a
+//   4-float partial of one source; 4 -> 1 with lane 4q + j holding source 4j + q, then a
+//   permute puts source i in lane i.
+inline __m512 sum16(const __m512* a) {
+  __m512 b[8], c[4];
+  for (int i = 0; i < 8; ++i)
+    b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+  for (int j = 0; j < 4; ++j)
+    c[j] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * j], b[2 * j + 1], 0x88),
+                         _mm512_shuffle_f32x4(b[2 * j], b[2 * j + 1], 0xDD));
+  const __m512 d0 = _mm512_add_ps(_mm512_unpacklo_ps(c[0], c[1]), _mm512_unpackhi_ps(c[0], c[1]));
+  const __m512 d1 = _mm512_add_ps(_mm512_unpacklo_ps(c[2], c[3]), _mm512_unpackhi_ps(c[2], c[3]));
+  const __m512 e = _mm512_add_ps(_mm512_shuffle_ps(d0, d1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_ps(d0, d1, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, e);
+}
+
+// scores[r] = scale * q . k_r for the `rows` (<= 16) key rows at kb, bf16 pairs multiplied
+// by vdpbf16ps straight from the cache (no widening pass), one accumulator per key row.
+inline void scores16_bf16(const c10::BFloat16* q, const c10::BFloat16* kb, int64_t rows,
+                          int64_t hd, float scale, float* scores) {
+  __m512 acc[16];
+#pragma GCC unroll 16
+  for (int r = 0; r < 16; ++r) acc[r] = _mm512_setzero_ps();
+  if (rows == 16) {
+    for (int64_t c = 0; c < hd; c += 32) {
+      const __m512bh qv = (__m512bh)_mm512_loadu_si512(q + c);
+#pragma GCC unroll 16
+      for (int r = 0; r < 16; ++r)
+        acc[r] = _mm512_dpbf16_ps(acc[r], qv, (__m512bh)_mm512_loadu_si512(kb + r * hd + c));
+    }
+  } else {
+    for (int64_t c = 0; c < hd; c += 32) {
+      const __m512bh qv = (__m512bh)_mm512_loadu_si512(q + c);
+      for (int64_t r = 0; r < rows; ++r)
+        acc[r] = _mm512_dpbf16_ps(acc[r], qv, (__m512bh)_mm512_loadu_si512(kb + r * hd + c));
+    }
+  }
+  const __m512 s = _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale));
+  _mm512_mask_storeu_ps(scores, static_cast<__mmask16>((1u << rows) - 1), s);
+}
+// out = inv_sum * sum_j p[j] v_j over a sequence's value rows, read in place: pairs of rows
+// interleaved (v_j[e], v_j+1[e]) and multiplied with (p[j], p[j+1]) in bf16 by vdpbf16ps.
+// Unpacking within 128-bit lanes leaves the accumulators in the order
+//   lo: e 0-3, 8-11, 16-19, 24-27    hi: e 4-7, 12-15, 20-23, 28-31
+// of each 32-wide slice; two permutes restore it at the end.
+inline void weighted_values_bf16(const float* p, const c10::BFloat16* vp, const int32_t* table,
+                                 int64_t head, int64_t num_blocks, int64_t bs, int64_t len,
+                                 int64_t hd, float inv_sum, c10::BFloat16* out) {
+  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i second =
+      _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  // (p[2i], p[2i + 1]) as one bf16 pair per 32 bits; blocks have an even number of rows,
+  // so a pair never straddles two blocks.
+  std::vector<int32_t> pairs((len + 1) / 2);
+  for (int64_t i = 0; i < len; i += 2) {
+    const uint32_t upper = i + 1 < len ? c10::BFloat16(p[i + 1]).x : 0;
+    pairs[i / 2] = static_cast<int32_t>(upper << 16 | c10::BFloat16(p[i]).x);
+  }
+  for (int64_t c = 0; c < hd; c += 32) {
+    __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
+    for (int64_t j0 = 0; j0 < len; j0 += bs) {
+      const c10::BFloat16* vb = vp + ((head * num_blocks + table[j0 / bs]) * bs) * hd + c;
+      const int64_t rows = std::min(bs, len - j0);
+      for (int64_t r = 0; r < rows; r += 2) {
+        const __m512i a = _mm512_loadu_si512(vb + r * hd);
+        const __m512i b =
+            r + 1 < rows ? _mm512_loadu_si512(vb + (r + 1) * hd) : _mm512_setzero_si512();
+        const __m512bh pp = (__m512bh)_mm512_set1_epi32(pairs[(j0 + r) / 2]);
+        lo = _mm512_dpbf16_ps(lo, pp, (__m512bh)_mm512_unpacklo_epi16(a, b));
+        hi = _mm512_dpbf16_ps(hi, pp, (__m512bh)_mm512_unpackhi_epi16(a, b));
+      }
+    }
+    const __m512 scale = _mm512_set1_ps(inv_sum);
+    const __m512 o0 = _mm512_mul_ps(_mm512_permutex2var_ps(lo, first, hi), scale);
+    const __m512 o1 = _mm512_mul_ps(_mm512_permutex2var_ps(lo, second, hi), scale);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + c), (__m256i)_mm512_cvtneps_pbh(o0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + c + 16),
+                        (__m256i)_mm512_cvtneps_pbh(o1));
+  }
+}
+#endif
 
 // Calls f(T{}) for the activation dtypes the kernels take: float32, bfloat16, float16.
 template <typename F>
@@ -119,8 +210,25 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
         for (int64_t e = 0; e < hd; ++e) qf[g * hd + e] = load_f(src[e]) * fscale;
       }
       // Pass 1: scores[g, j] = q_g . k_j over this sequence's blocks, read in place. Each
-      // block (bs x hd contiguous values) is widened to float once, then dotted.
-      for (int64_t j0 = 0; j0 < len; j0 += bs) {
+      // block (bs x hd contiguous values) is widened to float once, then dotted; in bf16
+      // with AVX512-BF16, dotted as stored, sixteen key rows at a time.
+      bool scored = false;
+#if defined(LUCEDESK_AVX512BF16)
+      if constexpr (std::is_same_v<T, c10::BFloat16>) {
+        if (hd % 32 == 0 && bs % 16 == 0) {
+          for (int64_t j0 = 0; j0 < len; j0 += 16) {
+            const T* kb = kp + ((head * num_blocks + table[j0 / bs]) * bs + j0 % bs) * hd;
+            for (int64_t g = 0; g < group; ++g) {
+              const T* qg = qp + row * q_stride_row + (head * group + g) * q_stride_head;
+              scores16_bf16(qg, kb, std::min<int64_t>(16, len - j0), hd, fscale,
+                            scores.data() + g * len + j0);
+            }
+          }
+          scored = true;
+        }
+      }
+#endif
+      for (int64_t j0 = 0; j0 < len && !scored; j0 += bs) {
         const int64_t rows = std::min(bs, len - j0);
         widen(kf.data(), kp + ((head * num_blocks + table[j0 / bs]) * bs) * hd, rows * hd);
         for (int64_t r = 0; r < rows; ++r) {
@@ -148,6 +256,18 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
         }
         inv_sum[g] = 1.f / sum;
       }
+#if defined(LUCEDESK_AVX512BF16)
+      if constexpr (std::is_same_v<T, c10::BFloat16>) {
+        if (hd % 32 == 0) {
+          for (int64_t g = 0; g < group; ++g) {
+            T* dst = op + row * o_stride_row + (head * group + g) * o_stride_head;
+            weighted_values_bf16(scores.data() + g * len, vp, table, head, num_blocks, bs, len,
+                                 hd, inv_sum[g], dst);
+          }
+          continue;
+        }
+      }
+#endif
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t j0 = 0; j0 < len; j0 += bs) {
         const int64_t rows = std::min(bs, len - j0);
