@@ -1,6 +1,7 @@
 """Times the Triton kernels against their torch references and against
 scaled_dot_product_attention on gathered (contiguous) tensors, on a GPU, and prints the
-decode kernel's achieved bandwidth against the device's peak.
+achieved bandwidth of the decode attention, norm and rotary kernels against the device's
+peak.
 
     python bench/kernels.py [--peak-gbs 4800] [--dtype bfloat16] [--markdown out.md]
 """
@@ -15,6 +16,8 @@ import torch.nn.functional as F
 
 from lucedesk.kernels.attention_torch import paged_attention_torch, write_kv_torch
 from lucedesk.kernels.attention_triton import paged_attention, write_kv
+from lucedesk.kernels.layers_torch import add_rms_norm_torch, rotary_torch
+from lucedesk.kernels.layers_triton import add_rms_norm_triton, rotary_triton
 from lucedesk.kernels.metadata import AttentionMetadata
 
 # Peak memory bandwidth (GB/s) by device name fragment.
@@ -67,6 +70,29 @@ def measure_decode(batch, context, heads, kv_heads, head_dim, dtype):
     return t_triton, t_torch, t_sdpa
 
 
+def measure_norm(rows, hidden, dtype):
+    """(triton, torch reference) milliseconds for residual add + RMSNorm."""
+    x = torch.randn(rows, hidden, dtype=dtype, device="cuda")
+    res, w = torch.randn_like(x), torch.ones(hidden, dtype=dtype, device="cuda")
+    return (
+        timed(lambda: add_rms_norm_triton(x, res, w, 1e-5)),
+        timed(lambda: add_rms_norm_torch(x, res, w, 1e-5)),
+    )
+
+
+def measure_rotary(rows, heads, kv_heads, head_dim, dtype):
+    """(triton, torch reference) milliseconds for rotary on q and k views of a fused qkv."""
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * head_dim, dtype=dtype, device="cuda")
+    q = qkv[:, : heads * head_dim].view(rows, heads, head_dim)
+    k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(rows, kv_heads, head_dim)
+    cos = torch.randn(rows, head_dim, dtype=dtype, device="cuda")
+    sin = torch.randn_like(cos)
+    return (
+        timed(lambda: rotary_triton(q, k, cos, sin)),
+        timed(lambda: rotary_torch(q, k, cos, sin)),
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dtype", default="bfloat16")
@@ -116,7 +142,24 @@ def main() -> None:
     t_triton = timed(lambda: write_kv(kn, kn, k, v, meta.slot_mapping))
     t_torch = timed(lambda: write_kv_torch(kn, kn, k, v, meta.slot_mapping))
     lines.append(f"| kv write | 2048 rows | | 8 kv | 128 | {t_triton:.3f} | {t_torch:.3f} | | | |")
-    print("\n".join(lines[-2:]))
+    # Residual add + RMSNorm and rotary over a decode batch and a prefill step (Llama-3-8B
+    # shapes): memory-bound, so GB/s (reads + writes) is the figure of merit.
+    for rows in (64, 4096):
+        t_triton, t_torch = measure_norm(rows, 4096, dtype)
+        gbs = 4 * rows * 4096 * dtype.itemsize / (t_triton * 1e-3) / 1e9
+        share = f"{100 * gbs / peak:.0f}%" if peak else "?"
+        lines.append(
+            f"| add + rms_norm | {rows} rows | | | 4096 | {t_triton:.3f} | {t_torch:.3f} | "
+            f"| {gbs:.0f} | {share} |"
+        )
+        t_triton, t_torch = measure_rotary(rows, 32, 8, 128, dtype)
+        gbs = 2 * rows * 40 * 128 * dtype.itemsize / (t_triton * 1e-3) / 1e9
+        share = f"{100 * gbs / peak:.0f}%" if peak else "?"
+        lines.append(
+            f"| rotary (in place) | {rows} rows | | 32/8 | 128 | {t_triton:.3f} | "
+            f"{t_torch:.3f} | | {gbs:.0f} | {share} |"
+        )
+    print("\n".join(lines[-6:]))
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write("\n".join(lines) + "\n")

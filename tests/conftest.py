@@ -131,3 +131,18 @@ def wait_until(predicate, timeout: float = 30.0, interval: float = 0.01) -> None
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         time.sleep(interval)
+
+
+def cpu_kernels_available() -> bool:
+    from lucedesk.kernels.cpu import KernelUnavailable, load_cpu_ops
+
+    try:
+        load_cpu_ops()
+    except KernelUnavailable:
+        return False
+    return True
+
+
+requires_cpu_kernels = pytest.mark.skipif(
+    not cpu_kernels_available(), reason="no C++ compiler for the CPU kernels"
+)

@@ -9,7 +9,10 @@ import torch
 
 from lucedesk.engine.kv_cache import blocks_for
 from lucedesk.engine.models.loader import load_model
+from tests.conftest import requires_cpu_kernels
 from tests.engine_harness import make_engine, random_jobs, run_alone, run_jobs
+
+KERNELS = ["torch", pytest.param("cpu", marks=requires_cpu_kernels)]
 
 TIGHT = dict(
     max_slots=3,
@@ -36,7 +39,7 @@ def check_batched_equals_alone(loaded, jobs, kernels="torch", weights="dtype", *
     assert engine.scheduler.pool.num_free_blocks == engine.scheduler.pool.num_blocks
 
 
-@pytest.mark.parametrize("kernels", ["torch", "cpu"])
+@pytest.mark.parametrize("kernels", KERNELS)
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_greedy_batched_equals_alone_tiny(tiny_models, arch, seed, kernels):
@@ -44,7 +47,7 @@ def test_greedy_batched_equals_alone_tiny(tiny_models, arch, seed, kernels):
     check_batched_equals_alone(loaded, random_jobs(loaded, 14, seed), kernels, **TIGHT)
 
 
-@pytest.mark.parametrize("kernels", ["torch", "cpu"])
+@pytest.mark.parametrize("kernels", KERNELS)
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_seeded_sampling_batched_equals_alone_tiny(tiny_models, arch, kernels):
     loaded = load_model(tiny_models[arch], torch.float32)
@@ -53,7 +56,7 @@ def test_seeded_sampling_batched_equals_alone_tiny(tiny_models, arch, kernels):
 
 
 @pytest.mark.default_model
-@pytest.mark.parametrize("kernels", ["torch", "cpu"])
+@pytest.mark.parametrize("kernels", KERNELS)
 def test_greedy_batched_equals_alone_default_model(default_model, kernels):
     loaded = load_model(default_model, torch.float32)
     jobs = random_jobs(loaded, 12, 3)
@@ -61,7 +64,7 @@ def test_greedy_batched_equals_alone_default_model(default_model, kernels):
 
 
 @pytest.mark.default_model
-@pytest.mark.parametrize("kernels", ["torch", "cpu"])
+@pytest.mark.parametrize("kernels", KERNELS)
 def test_seeded_sampling_batched_equals_alone_default_model(default_model, kernels):
     loaded = load_model(default_model, torch.float32)
     jobs = random_jobs(loaded, 14, 0, sampled=True)
@@ -69,6 +72,7 @@ def test_seeded_sampling_batched_equals_alone_default_model(default_model, kerne
 
 
 @pytest.mark.default_model
+@requires_cpu_kernels
 def test_cpu_kernels_give_the_torch_tokens_default_model(default_model):
     """The C++ kernels compute what the torch ops compute: a profile choosing them changes
     no greedy output of the real model (fp32; bf16 differs in summation order only)."""
