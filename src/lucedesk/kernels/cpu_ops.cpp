@@ -168,6 +168,14 @@ void dispatch(at::ScalarType dtype, F&& f) {
   }
 }
 
+// float -> bf16 bits, rounding to nearest even (as c10 does, NaN aside), in plain integer
+// arithmetic the compiler vectorizes.
+inline uint16_t bf16_bits(float x) {
+  uint32_t u = __builtin_bit_cast(uint32_t, x);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
 // Round a float to T and back: the rounding a torch op in dtype T applies to its result.
 template <typename T>
 inline float round_to(float x) {
@@ -176,6 +184,20 @@ inline float round_to(float x) {
 template <>
 inline float round_to<float>(float x) {
   return x;
+}
+template <>
+inline float round_to<c10::BFloat16>(float x) {
+  return __builtin_bit_cast(float, static_cast<uint32_t>(bf16_bits(x)) << 16);
+}
+
+// A float stored as T, rounded as torch rounds.
+template <typename T>
+inline T narrow(float x) {
+  return static_cast<T>(x);
+}
+template <>
+inline c10::BFloat16 narrow<c10::BFloat16>(float x) {
+  return c10::BFloat16(bf16_bits(x), c10::BFloat16::from_bits());
 }
 
 template <typename T>
@@ -295,7 +317,7 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
       }
       for (int64_t g = 0; g < group; ++g) {
         T* dst = op + row * o_stride_row + (head * group + g) * o_stride_head;
-        for (int64_t e = 0; e < hd; ++e) dst[e] = static_cast<T>(acc[g * hd + e] * inv_sum[g]);
+        for (int64_t e = 0; e < hd; ++e) dst[e] = narrow<T>(acc[g * hd + e] * inv_sum[g]);
       }
     }
   });
@@ -317,21 +339,25 @@ void add_rms_norm_impl(T* normed, T* residual_out, const T* x, const T* residual
   // the norm reads that sum; without one, the norm reads x and residual_out is unused.
   const float feps = static_cast<float>(eps);
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-    std::vector<float> h(H);
+    std::vector<float> h(H), r(H);
     for (int64_t t = begin; t < end; ++t) {
+      widen(h.data(), x + t * H, H);
+      if (residual) {
+        widen(r.data(), residual + t * H, H);
+#pragma omp simd
+        for (int64_t e = 0; e < H; ++e) h[e] = round_to<T>(h[e] + r[e]);  // the stream, in T
+#pragma omp simd
+        for (int64_t e = 0; e < H; ++e) residual_out[t * H + e] = narrow<T>(h[e]);
+      }
       float ss = 0.f;
-      for (int64_t e = 0; e < H; ++e) {
-        float v = load_f(x[t * H + e]);
-        if (residual) v = round_to<T>(v + load_f(residual[t * H + e]));
-        h[e] = v;
-        ss += v * v;
-      }
+#pragma omp simd reduction(+ : ss)
+      for (int64_t e = 0; e < H; ++e) ss += h[e] * h[e];
       const float inv = 1.f / std::sqrt(ss / static_cast<float>(H) + feps);
-      for (int64_t e = 0; e < H; ++e) {
-        if (residual) residual_out[t * H + e] = static_cast<T>(h[e]);
-        // fp32: (x * inv) * w; narrower dtypes: w * T(x * inv), as the reference rounds.
-        normed[t * H + e] = static_cast<T>(round_to<T>(h[e] * inv) * load_f(weight[e]));
-      }
+      widen(r.data(), weight, H);
+      // fp32: (x * inv) * w; narrower dtypes: w * T(x * inv), as the reference rounds.
+#pragma omp simd
+      for (int64_t e = 0; e < H; ++e)
+        normed[t * H + e] = narrow<T>(round_to<T>(h[e] * inv) * r[e]);
     }
   });
 }
@@ -363,19 +389,20 @@ void rotary_impl(at::Tensor& t, const at::Tensor& cos, const at::Tensor& sin) {
   const T* cp = cos.data_ptr<T>();
   const T* sp = sin.data_ptr<T>();
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-    std::vector<float> x(hd);
+    std::vector<float> x(hd), c(hd), s(hd);
     for (int64_t r = begin; r < end; ++r) {
-      const T* c = cp + r * hd;
-      const T* s = sp + r * hd;
+      widen(c.data(), cp + r * hd, hd);
+      widen(s.data(), sp + r * hd, hd);
       for (int64_t h = 0; h < heads; ++h) {
         T* row = tp + r * s_row + h * s_head;
-        for (int64_t e = 0; e < hd; ++e) x[e] = load_f(row[e]);
-        for (int64_t e = 0; e < hd; ++e) {
-          const float rot = e < half ? round_to<T>(-x[e + half]) : x[e - half];
-          const float a = round_to<T>(x[e] * load_f(c[e]));
-          const float b = round_to<T>(rot * load_f(s[e]));
-          row[e] = static_cast<T>(a + b);
-        }
+        widen(x.data(), row, hd);
+        // First half: x * cos - x[half:] * sin; second half: x * cos + x[:half] * sin.
+#pragma omp simd
+        for (int64_t e = 0; e < half; ++e)
+          row[e] = narrow<T>(round_to<T>(x[e] * c[e]) + round_to<T>(-x[e + half] * s[e]));
+#pragma omp simd
+        for (int64_t e = half; e < hd; ++e)
+          row[e] = narrow<T>(round_to<T>(x[e] * c[e]) + round_to<T>(x[e - half] * s[e]));
       }
     }
   });
