@@ -133,16 +133,13 @@ def wait_until(predicate, timeout: float = 30.0, interval: float = 0.01) -> None
         time.sleep(interval)
 
 
-def cpu_kernels_available() -> bool:
-    from lucedesk.kernels.cpu import KernelUnavailable, load_cpu_ops
+def has_cpp_compiler() -> bool:
+    from lucedesk.kernels.cpu import find_compiler
 
-    try:
-        load_cpu_ops()
-    except KernelUnavailable:
-        return False
-    return True
+    return find_compiler() is not None
 
 
+# Only a missing compiler skips: where one exists, a kernel that fails to build fails.
 requires_cpu_kernels = pytest.mark.skipif(
-    not cpu_kernels_available(), reason="no C++ compiler for the CPU kernels"
+    not has_cpp_compiler(), reason="no C++ compiler for the CPU kernels"
 )

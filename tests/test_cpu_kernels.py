@@ -152,3 +152,11 @@ def test_int8_weights_take_bfloat16_only():
         weight(torch.randn(2, 64))
     with pytest.raises(ValueError, match="groups of 32"):
         Int8Weight(torch.randn(32, 70))
+
+
+def test_the_kernels_build_and_load():
+    """With a compiler present the build must succeed: the tests never skip a broken one."""
+    from lucedesk.kernels.cpu import load_cpu_ops
+
+    ops = load_cpu_ops()
+    assert isinstance(ops.int8_amx_available(), bool)

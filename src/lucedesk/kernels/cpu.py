@@ -1,4 +1,4 @@
-"""CPU kernels in C++ (`cpu_ops.cpp`): paged decode attention that reads KV blocks in place,
+"""CPU kernels in C++ (`csrc/`): paged decode attention that reads KV blocks in place,
 fused residual-add + RMSNorm, in-place rotary embedding, and weight-only int8 matmuls.
 
 The source is compiled on first use with the machine's C++ compiler against the installed
@@ -27,7 +27,8 @@ from lucedesk.kernels.metadata import AttentionMetadata
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_ops.cpp")
+SOURCES = Path(__file__).with_name("csrc")
+SOURCE = SOURCES / "ops.cpp"  # includes the headers beside it
 # -ffp-contract=off: no fused multiply-adds, so the rotary and the residual add round exactly
 # where the torch reference does. Reassociation is allowed (sums and dot products reduce in
 # vector registers, in a fixed order that does not depend on the batch).
@@ -79,14 +80,18 @@ def _build_command(compiler: str, source: Path, output: Path) -> list[str]:
     return cmd + ["-lc10", "-ltorch_cpu"]
 
 
+def find_compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+
+
 @functools.cache
 def load_cpu_ops() -> object:
     """Build (once per machine and torch version) and load the kernels; returns
     `torch.ops.lucedesk_cpu`. Process-wide: a torch op library registers only once."""
-    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    compiler = find_compiler()
     if compiler is None:
         raise KernelUnavailable("no C++ compiler found (set CXX or install g++)")
-    source = SOURCE.read_bytes()
+    source = b"".join(p.read_bytes() for p in sorted(SOURCES.iterdir()) if p.is_file())
     key = hashlib.sha256(
         b"\0".join(
             [
@@ -112,6 +117,9 @@ def load_cpu_ops() -> object:
                 tail = "\n".join(result.stderr.strip().splitlines()[-12:])
                 raise KernelUnavailable(f"building the CPU kernels failed:\n{tail}")
             os.replace(partial, library)  # atomic: a concurrent build never sees half a file
+        for old in library.parent.glob("lucedesk_cpu_ops-*.so"):
+            if old != library:  # builds of earlier sources or torch versions
+                old.unlink(missing_ok=True)
     try:
         torch.ops.load_library(str(library))
     except (OSError, RuntimeError) as exc:
@@ -245,7 +253,7 @@ class Int8Weight:
         self.shape = (n, k)
         q, d, m = quantize_groups(w.view(n, k // self.GROUP, self.GROUP))
         self.tiles = bool(ops.int8_amx_available()) and n % 16 == 0
-        if self.tiles:  # see cpu_ops.cpp: per 16 channels and 32 inputs, rows of input pairs
+        if self.tiles:  # see csrc/int8.h: per 16 channels and 32 inputs, rows of input pairs
             q = q.view(n // 16, 16, k // 32, 16, 2).permute(0, 2, 3, 1, 4)
             d = d.view(n // 16, 16, k // 32).transpose(1, 2)
             m = m.view(n // 16, 16, k // 32).transpose(1, 2)

@@ -1,0 +1,133 @@
+// What every CPU kernel shares: loading and widening the activation dtypes to float,
+// rounding and narrowing back as torch does, dtype dispatch, and vector helpers.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#if defined(__AVX512BF16__)
+#define LUCEDESK_AVX512BF16 1
+#include <immintrin.h>
+#endif
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__AVX512BF16__) && defined(__linux__)
+#define LUCEDESK_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+inline float load_f(float x) { return x; }
+inline float load_f(c10::BFloat16 x) {
+  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+inline float load_f(c10::Half x) { return static_cast<float>(x); }
+
+// n values of T -> float, in a loop the compiler vectorizes.
+inline void widen(float* dst, const float* src, int64_t n) { std::memcpy(dst, src, n * 4); }
+inline void widen(float* dst, const c10::BFloat16* src, int64_t n) {
+  const uint16_t* raw = reinterpret_cast<const uint16_t*>(src);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = __builtin_bit_cast(float, uint32_t(raw[i]) << 16);
+}
+inline void widen(float* dst, const c10::Half* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+// exp(x) for x <= 0 (softmax scores minus their max), within ~2 ulp, in plain arithmetic
+// the compiler vectorizes (libm's expf is a scalar call): x = k ln2 + r, |r| <= ln2 / 2,
+// exp(r) by Cephes' polynomial, 2^k built in the exponent bits.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);  // below this exp underflows; keeps 2^k a normal float
+  const float k = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = (x - k * 0.693359375f) + k * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+  return p * __builtin_bit_cast(float, bits);
+}
+
+#if defined(LUCEDESK_AVX512BF16)
+// Lane i of the result = the sum of a[i]'s sixteen lanes, by a fixed tree of shuffles:
+//   16 -> 8 vectors, each half a sum for two sources; 8 -> 4, each 128-bit quarter a
+//   4-float partial of one source; 4 -> 1 with lane 4q + j holding source 4j + q, then a
+//   permute puts source i in lane i.
+inline __m512 sum16(const __m512* a) {
+  __m512 b[8], c[4];
+  for (int i = 0; i < 8; ++i)
+    b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+  for (int j = 0; j < 4; ++j)
+    c[j] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * j], b[2 * j + 1], 0x88),
+                         _mm512_shuffle_f32x4(b[2 * j], b[2 * j + 1], 0xDD));
+  const __m512 d0 = _mm512_add_ps(_mm512_unpacklo_ps(c[0], c[1]), _mm512_unpackhi_ps(c[0], c[1]));
+  const __m512 d1 = _mm512_add_ps(_mm512_unpacklo_ps(c[2], c[3]), _mm512_unpackhi_ps(c[2], c[3]));
+  const __m512 e = _mm512_add_ps(_mm512_shuffle_ps(d0, d1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_ps(d0, d1, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, e);
+}
+#endif
+
+// Calls f(T{}) for the activation dtypes the kernels take: float32, bfloat16, float16.
+template <typename F>
+void dispatch(at::ScalarType dtype, F&& f) {
+  switch (dtype) {
+    case at::kFloat: return f(float{});
+    case at::kBFloat16: return f(c10::BFloat16{});
+    case at::kHalf: return f(c10::Half{});
+    default: TORCH_CHECK(false, "lucedesk CPU kernels take float32, bfloat16 or float16");
+  }
+}
+
+// float -> bf16 bits, rounding to nearest even (as c10 does, NaN aside), in plain integer
+// arithmetic the compiler vectorizes.
+inline uint16_t bf16_bits(float x) {
+  uint32_t u = __builtin_bit_cast(uint32_t, x);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// Round a float to T and back: the rounding a torch op in dtype T applies to its result.
+template <typename T>
+inline float round_to(float x) {
+  return static_cast<float>(static_cast<T>(x));
+}
+template <>
+inline float round_to<float>(float x) {
+  return x;
+}
+template <>
+inline float round_to<c10::BFloat16>(float x) {
+  return __builtin_bit_cast(float, static_cast<uint32_t>(bf16_bits(x)) << 16);
+}
+
+// A float stored as T, rounded as torch rounds.
+template <typename T>
+inline T narrow(float x) {
+  return static_cast<T>(x);
+}
+template <>
+inline c10::BFloat16 narrow<c10::BFloat16>(float x) {
+  return c10::BFloat16(bf16_bits(x), c10::BFloat16::from_bits());
+}
+
+}  // namespace

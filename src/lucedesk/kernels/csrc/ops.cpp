@@ -1,0 +1,28 @@
+// CPU kernels for lucedesk, built on first use by kernels/cpu.py (this file with the headers
+// beside it, one translation unit) and registered as torch.ops.lucedesk_cpu.*. Each has a
+// torch reference (attention_torch.py, layers_torch.py) and the same numerics: fp32
+// arithmetic, rounding to the tensor dtype where the reference rounds, so bf16 results
+// match it to the last bit in the rotary and the residual add.
+//
+// Paged decode attention reads the KV blocks in place through the block table; one task
+// per (sequence, KV head) handles all query heads of that GQA group, so each block is read
+// once per KV head. Every row's result depends only on that row: batching cannot change it.
+
+#include "attention.h"
+#include "int8.h"
+#include "layers.h"
+
+TORCH_LIBRARY(lucedesk_cpu, m) {
+  m.def(
+      "paged_decode_attention(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, "
+      "Tensor block_tables, Tensor seq_lens, float scale) -> ()",
+      &paged_decode_attention);
+  m.def("add_rms_norm(Tensor x, Tensor? residual, Tensor weight, float eps) -> (Tensor, Tensor)",
+        &add_rms_norm);
+  m.def("int8_linear(Tensor x, Tensor q, Tensor d, Tensor m) -> Tensor", &int8_linear);
+  m.def("int8_linear_tiles(Tensor x, Tensor q, Tensor d, Tensor m) -> Tensor",
+        &int8_linear_tiles);
+  m.def("int8_amx_available() -> bool", &int8_amx_available);
+  m.def("rotary_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin) -> ()",
+        &rotary_);
+}
