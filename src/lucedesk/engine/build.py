@@ -179,7 +179,11 @@ def apply_weight_format(model: LlamaModel, wanted: str, kernels: str) -> str:
     activations: half the bytes of bf16 for decode steps, which stream every weight."""
     usable = kernels == "cpu" and model.dtype == torch.bfloat16
     if wanted == "auto":  # only where AMX tiles make int8 fast; elsewhere it runs, slowly
-        wanted = "int8" if usable and cpu_has_int8_tiles() else "dtype"
+        from lucedesk.kernels.cpu import Int8Weight
+
+        fast = usable and cpu_has_int8_tiles()
+        fast = fast and all(Int8Weight.fits(tuple(w.shape)) for w in model.projection_weights())
+        wanted = "int8" if fast else "dtype"
     if wanted == model.weight_format:
         return wanted
     if wanted == "int8":
@@ -190,6 +194,12 @@ def apply_weight_format(model: LlamaModel, wanted: str, kernels: str) -> str:
             )
         from lucedesk.kernels.cpu import Int8Weight
 
+        odd = [tuple(w.shape) for w in model.projection_weights() if w.shape[1] % Int8Weight.GROUP]
+        if odd:
+            raise ConfigError(
+                f"weights 'int8' need matmul inputs in multiples of {Int8Weight.GROUP} "
+                f"(this model has {odd[0]})"
+            )
         started = time.perf_counter()
         model.quantize("int8", Int8Weight)
         log.info("weights quantized to int8 in %.1f s", time.perf_counter() - started)

@@ -244,14 +244,24 @@ class Int8Weight:
     range. Each row's result is independent of its batch."""
 
     GROUP = 32
+    ROWS_AT_ONCE = 4096  # bounds the float copies while quantizing a big LM head
+
+    @classmethod
+    def fits(cls, shape: tuple[int, ...]) -> bool:
+        """Whether a [N, K] weight runs on the fast path: whole groups, whole tiles."""
+        n, k = shape
+        return k % cls.GROUP == 0 and n % 16 == 0
 
     def __init__(self, weight: torch.Tensor) -> None:
         ops = load_cpu_ops()
-        w = weight.detach().float()
-        n, k = w.shape
+        n, k = weight.shape
         _require(k % self.GROUP == 0, f"int8 weights need inputs in groups of 32, got {k}")
         self.shape = (n, k)
-        q, d, m = quantize_groups(w.view(n, k // self.GROUP, self.GROUP))
+        parts = [
+            quantize_groups(rows.float().view(-1, k // self.GROUP, self.GROUP))
+            for rows in weight.detach().split(self.ROWS_AT_ONCE)
+        ]
+        q, d, m = (torch.cat(t) for t in zip(*parts))
         self.tiles = bool(ops.int8_amx_available()) and n % 16 == 0
         if self.tiles:  # see csrc/int8.h: per 16 channels and 32 inputs, rows of input pairs
             q = q.view(n // 16, 16, k // 32, 16, 2).permute(0, 2, 3, 1, 4)

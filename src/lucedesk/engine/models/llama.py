@@ -121,6 +121,10 @@ class LlamaModel(nn.Module):
         """Norms and rotary run through these (attention is the runner's, per step)."""
         self.kernels = kernels
 
+    def projection_weights(self) -> list[torch.Tensor]:
+        """Every matmul weight `quantize` would convert, the LM head last."""
+        return [getattr(layer, p) for layer in self.layers for p in PROJECTIONS] + [self.lm_head]
+
     def quantize(self, name: str, make: Callable[[torch.Tensor], Projection]) -> None:
         """Every projection and the LM head become `make(weight)` (e.g. int8 weights); the
         originals are released. The embedding table stays as it is, for lookups."""
