@@ -160,3 +160,17 @@ def test_the_kernels_build_and_load():
 
     ops = load_cpu_ops()
     assert isinstance(ops.int8_amx_available(), bool)
+
+
+def test_a_first_build_is_announced(tmp_path, monkeypatch):
+    """The CLI and the TUI's loading screen say when a start will compile the kernels."""
+    from lucedesk.config import EngineConfig
+    from lucedesk.engine.build import kernel_build_notice
+    from lucedesk.kernels.cpu import library_path
+
+    monkeypatch.setenv("LUCEDESK_KERNEL_CACHE", str(tmp_path))
+    assert "first run" in kernel_build_notice(EngineConfig(device="cpu"))
+    assert kernel_build_notice(EngineConfig(device="cpu", kernels="torch")) is None
+    library_path().parent.mkdir(parents=True)
+    library_path().touch()  # as if built
+    assert kernel_build_notice(EngineConfig(device="cpu")) is None

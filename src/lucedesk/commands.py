@@ -29,12 +29,15 @@ def engine_config(args: argparse.Namespace):
 
 
 def build_from_args(args: argparse.Namespace) -> BuiltEngine:
-    from lucedesk.engine.build import launch_engine
+    from lucedesk.engine.build import kernel_build_notice, launch_engine
     from lucedesk.pull import resolve_model
 
     chosen, config, why = engine_config(args)
     say(f"lucedesk: {why}")
     model = resolve_model(getattr(args, "model", None), say)
+    notice = kernel_build_notice(config)
+    if notice:
+        say(f"lucedesk: {notice}")
     return launch_engine(model, config)
 
 

@@ -107,6 +107,18 @@ def build_engine(model_path: str | Path, config: EngineConfig) -> BuiltEngine:
     return assemble(loaded, config, device)
 
 
+def kernel_build_notice(config: EngineConfig) -> str | None:
+    """A line to show before starting when this start will compile the CPU kernels (the
+    first run on a machine, ~10 s), else None."""
+    if config.kernels not in ("auto", "cpu") or resolve_device(config.device).type != "cpu":
+        return None
+    from lucedesk.kernels.cpu import needs_build
+
+    if not needs_build():
+        return None
+    return "building the CPU kernels (first run on this machine, ~10 s)"
+
+
 def launch_engine(model_path: str | Path, config: EngineConfig) -> BuiltEngine:
     """Load the model and run the engine on one new thread, returning once it is serving.
 

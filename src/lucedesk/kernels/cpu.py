@@ -84,13 +84,12 @@ def find_compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
 
 
-@functools.cache
-def load_cpu_ops() -> object:
-    """Build (once per machine and torch version) and load the kernels; returns
-    `torch.ops.lucedesk_cpu`. Process-wide: a torch op library registers only once."""
+def library_path() -> Path | None:
+    """Where this machine's build of the kernels lives (whether built yet or not); None
+    without a compiler."""
     compiler = find_compiler()
     if compiler is None:
-        raise KernelUnavailable("no C++ compiler found (set CXX or install g++)")
+        return None
     source = b"".join(p.read_bytes() for p in sorted(SOURCES.iterdir()) if p.is_file())
     key = hashlib.sha256(
         b"\0".join(
@@ -104,7 +103,23 @@ def load_cpu_ops() -> object:
             ]
         )
     ).hexdigest()[:16]
-    library = cache_dir() / f"lucedesk_cpu_ops-{key}.so"
+    return cache_dir() / f"lucedesk_cpu_ops-{key}.so"
+
+
+def needs_build() -> bool:
+    """True when the next `load_cpu_ops` will compile (the first run on this machine)."""
+    library = library_path()
+    return library is not None and not library.exists()
+
+
+@functools.cache
+def load_cpu_ops() -> object:
+    """Build (once per machine and torch version) and load the kernels; returns
+    `torch.ops.lucedesk_cpu`. Process-wide: a torch op library registers only once."""
+    library = library_path()
+    if library is None:
+        raise KernelUnavailable("no C++ compiler found (set CXX or install g++)")
+    compiler = find_compiler()
     if not library.exists():
         library.parent.mkdir(parents=True, exist_ok=True)
         log.info("building CPU kernels (first run on this machine, ~10 s)")
@@ -114,8 +129,11 @@ def load_cpu_ops() -> object:
                 _build_command(compiler, SOURCE, partial), capture_output=True, text=True
             )
             if result.returncode != 0:
-                tail = "\n".join(result.stderr.strip().splitlines()[-12:])
-                raise KernelUnavailable(f"building the CPU kernels failed:\n{tail}")
+                lines = result.stderr.strip().splitlines()
+                errors = [line for line in lines if "error" in line] or lines[-12:]
+                raise KernelUnavailable(
+                    "building the CPU kernels failed:\n" + "\n".join(errors[:12])
+                )
             os.replace(partial, library)  # atomic: a concurrent build never sees half a file
         for old in library.parent.glob("lucedesk_cpu_ops-*.so"):
             if old != library:  # builds of earlier sources or torch versions

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lucedesk import profile as profiles
-from lucedesk.engine.build import BuiltEngine, launch_engine
+from lucedesk.engine.build import BuiltEngine, kernel_build_notice, launch_engine
 from lucedesk.engine.engine import Engine
 from lucedesk.server import RunningServer, create_app, start_server
 
@@ -52,7 +52,7 @@ class EngineHost:
         self.profile, self.config, self.why = profiles.resolve(self.profile_name, self.overrides)
         progress(self.why)
         self.model_path = resolve_model(self.model_arg, progress)
-        progress(f"loading {self.model_path.name}")
+        progress(kernel_build_notice(self.config) or f"loading {self.model_path.name}")
         self.built = launch_engine(self.model_path, self.config)
         if self.http:
             try:
