@@ -191,7 +191,7 @@ class DecoderLayer(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(H, c.intermediate_size, dtype=dtype))
         self.quantized: dict[str, Projection] = {}
 
-    def project(self, name: str, x: torch.Tensor, bias: torch.Tensor | None = None):
+    def project(self, name: str, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x @ weight.T (+ bias) with the named projection, in whatever format it is held."""
         quantized = self.quantized.get(name)
         if quantized is None:
