@@ -32,10 +32,12 @@ SOURCE = SOURCES / "ops.cpp"  # includes the headers beside it
 # -ffp-contract=off: no fused multiply-adds, so the rotary and the residual add round exactly
 # where the torch reference does. Reassociation is allowed (sums and dot products reduce in
 # vector registers, in a fixed order that does not depend on the batch).
+# Tuned for the machine it is built on: x86-64 with 512-bit vectors where it has them
+# (AVX-512, AVX512-BF16 and AMX paths switch on by what the compiler sees), Arm by -mcpu.
+X86 = platform.machine().lower() in ("x86_64", "amd64")
 CXXFLAGS = [
     "-O3",
-    "-march=native",
-    "-mprefer-vector-width=512",
+    *(["-march=native", "-mprefer-vector-width=512"] if X86 else ["-mcpu=native"]),
     "-fno-math-errno",
     "-ffp-contract=off",
     "-fassociative-math",
