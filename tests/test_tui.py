@@ -58,12 +58,12 @@ def prepare(tmp_path, monkeypatch, tiny_llama):
     return tmp_path, tiny_llama
 
 
-def make_app(env, http: bool = False, slots: int = 4) -> LucedeskApp:
+def make_app(env, http: bool = False, slots: int = 4, extra: tuple[str, ...] = ()) -> LucedeskApp:
     tmp, model = env
     host = EngineHost(
         str(model),
         "cpu",
-        [f"max_slots={slots}", "kv_pool_tokens=8192", "max_model_len=1024"],
+        [f"max_slots={slots}", "kv_pool_tokens=8192", "max_model_len=1024", *extra],
         http=http,
         port=0,
     )

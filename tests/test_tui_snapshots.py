@@ -12,7 +12,9 @@ SIZE = (120, 34)
 
 @pytest.fixture
 def app(tmp_path, monkeypatch, tiny_llama):
-    return make_app(prepare(tmp_path, monkeypatch, tiny_llama), slots=4)
+    # torch kernels: the header names the kernels, and the cpu ones depend on the machine.
+    env = prepare(tmp_path, monkeypatch, tiny_llama)
+    return make_app(env, slots=4, extra=("kernels=torch",))
 
 
 async def steady(pilot) -> None:
