@@ -194,8 +194,9 @@ def test_weight_formats_follow_the_model_and_kernels(tiny_llama):
     for int8 elsewhere, or for another format once quantized, is a clear configuration
     error."""
     from lucedesk.config import EngineConfig
-    from lucedesk.engine.build import apply_weight_format, cpu_has_int8_tiles
+    from lucedesk.engine.build import apply_weight_format
     from lucedesk.errors import ConfigError
+    from lucedesk.kernels.cpu import int8_tiles_available
 
     with pytest.raises(ConfigError, match="weights must be one of auto, dtype, int8"):
         EngineConfig(weights="int4").validate()
@@ -208,7 +209,7 @@ def test_weight_formats_follow_the_model_and_kernels(tiny_llama):
         apply_weight_format(bf16.model, "int8", "torch")
     other = load_model(tiny_llama, torch.bfloat16)
     assert apply_weight_format(other.model, "auto", "cpu") == (
-        "int8" if cpu_has_int8_tiles() else "dtype"
+        "int8" if int8_tiles_available() else "dtype"
     )
     engine = make_engine(bf16, weights="int8", max_slots=2, kv_pool_tokens=1024).start()
     try:

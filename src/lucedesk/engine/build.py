@@ -175,26 +175,18 @@ def assemble(loaded: LoadedModel, config: EngineConfig, device: torch.device) ->
     return BuiltEngine(engine, loaded, device, model.dtype, pool_tokens, kernels, weights)
 
 
-def cpu_has_int8_tiles() -> bool:
-    from lucedesk.kernels.cpu import KernelUnavailable, load_cpu_ops
-
-    try:
-        return bool(load_cpu_ops().int8_amx_available())
-    except KernelUnavailable:
-        return False
-
-
 def apply_weight_format(model: LlamaModel, wanted: str, kernels: str) -> str:
     """Puts the matmul weights in the configured format; returns the format in use.
 
-    int8 (weight-only, one scale per output channel) runs in the C++ CPU kernels on bf16
-    activations: half the bytes of bf16 for decode steps, which stream every weight."""
-    usable = kernels == "cpu" and model.dtype == torch.bfloat16
-    if wanted == "auto":  # only where AMX tiles make int8 fast; elsewhere it runs, slowly
-        from lucedesk.kernels.cpu import Int8Weight
+    int8 (weight-only, an affine scale per 32 inputs) runs in the C++ CPU kernels on bf16
+    activations: fewer bytes than bf16 for decode steps, which stream every weight."""
+    from lucedesk.kernels.cpu import Int8Weight, int8_tiles_available
 
-        fast = usable and cpu_has_int8_tiles()
-        fast = fast and all(Int8Weight.fits(tuple(w.shape)) for w in model.projection_weights())
+    usable = kernels == "cpu" and model.dtype == torch.bfloat16
+    weights = model.projection_weights()
+    if wanted == "auto":  # only where AMX tiles make int8 fast; elsewhere it runs, slowly
+        fast = usable and int8_tiles_available()
+        fast = fast and all(Int8Weight.fits(tuple(w.shape)) for w in weights)
         wanted = "int8" if fast else "dtype"
     if wanted == model.weight_format:
         return wanted
@@ -204,9 +196,7 @@ def apply_weight_format(model: LlamaModel, wanted: str, kernels: str) -> str:
                 "weights 'int8' need the cpu kernels and a bfloat16 model "
                 f"(kernels {kernels}, dtype {str(model.dtype).removeprefix('torch.')})"
             )
-        from lucedesk.kernels.cpu import Int8Weight
-
-        odd = [tuple(w.shape) for w in model.projection_weights() if w.shape[1] % Int8Weight.GROUP]
+        odd = [tuple(w.shape) for w in weights if w.shape[1] % Int8Weight.GROUP]
         if odd:
             raise ConfigError(
                 f"weights 'int8' need matmul inputs in multiples of {Int8Weight.GROUP} "

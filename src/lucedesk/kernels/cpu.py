@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from lucedesk.kernels.attention_torch import prefill_chunks
+from lucedesk.kernels.checks import check_norm_args, check_rotary_args, require
 from lucedesk.kernels.metadata import AttentionMetadata
 
 log = logging.getLogger(__name__)
@@ -147,24 +148,27 @@ def load_cpu_ops() -> object:
     return torch.ops.lucedesk_cpu
 
 
-def _require(cond: bool, message: str) -> None:
-    if not cond:
-        raise ValueError(message)
-
-
 def _check_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
-    _require(q.dim() == 3, f"q must be [tokens, heads, head_dim], got {tuple(q.shape)}")
-    _require(k_cache.dim() == 4, f"k_cache must be 4-D, got {tuple(k_cache.shape)}")
-    _require(k_cache.shape == v_cache.shape, "k_cache and v_cache differ in shape")
-    _require(
+    require(q.dim() == 3, f"q must be [tokens, heads, head_dim], got {tuple(q.shape)}")
+    require(k_cache.dim() == 4, f"k_cache must be 4-D, got {tuple(k_cache.shape)}")
+    require(k_cache.shape == v_cache.shape, "k_cache and v_cache differ in shape")
+    require(
         q.dtype == k_cache.dtype == v_cache.dtype,
         f"dtypes differ: q {q.dtype}, k_cache {k_cache.dtype}, v_cache {v_cache.dtype}",
     )
-    _require(q.device.type == k_cache.device.type == "cpu", "the CPU kernels take CPU tensors only")
-    _require(q.shape[2] == k_cache.shape[3], "q and the cache differ in head_dim")
-    _require(q.shape[1] % k_cache.shape[0] == 0, "query heads must be a multiple of KV heads")
-    _require(q.stride(2) == 1, "q's head_dim must be contiguous")
-    _require(k_cache.is_contiguous() and v_cache.is_contiguous(), "caches must be contiguous")
+    require(q.device.type == k_cache.device.type == "cpu", "the CPU kernels take CPU tensors only")
+    require(q.shape[2] == k_cache.shape[3], "q and the cache differ in head_dim")
+    require(q.shape[1] % k_cache.shape[0] == 0, "query heads must be a multiple of KV heads")
+    require(q.stride(2) == 1, "q's head_dim must be contiguous")
+    require(k_cache.is_contiguous() and v_cache.is_contiguous(), "caches must be contiguous")
+
+
+def int8_tiles_available() -> bool:
+    """Whether int8 weights run on AMX tiles here (their fast path)."""
+    try:
+        return bool(load_cpu_ops().int8_amx_available())
+    except KernelUnavailable:
+        return False
 
 
 def paged_attention_cpu(
@@ -177,7 +181,7 @@ def paged_attention_cpu(
     """Same contract as `paged_attention_torch`: decode rows in C++ over the blocks in
     place; prompt chunks through torch's SDPA (compute-bound, where oneDNN's matmuls win)."""
     _check_inputs(q, k_cache, v_cache)
-    _require(q.shape[0] == meta.num_tokens, f"q has {q.shape[0]} rows, the step {meta.num_tokens}")
+    require(q.shape[0] == meta.num_tokens, f"q has {q.shape[0]} rows, the step {meta.num_tokens}")
     out = torch.empty(q.shape, dtype=q.dtype)
     nd = meta.num_decodes
     if nd:
@@ -192,12 +196,7 @@ def add_rms_norm_cpu(
     x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x, residual: [T, H] -> (rms_norm(x + residual) * weight, x + residual)."""
-    _require(x.dim() == 2 and x.is_contiguous(), f"x must be contiguous [T, H], got {x.shape}")
-    _require(weight.shape == (x.shape[1],), "weight must be [H]")
-    _require(weight.dtype == x.dtype and weight.is_contiguous(), "weight: x's dtype, contiguous")
-    if residual is not None:
-        _require(residual.shape == x.shape, "residual must have x's shape")
-        _require(residual.dtype == x.dtype and residual.is_contiguous(), "residual: x's dtype")
+    check_norm_args(x, residual, weight)
     return load_cpu_ops().add_rms_norm(x, residual, weight, eps)
 
 
@@ -206,14 +205,7 @@ def rotary_cpu(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotates q [T, nh, hd] and k [T, kvh, hd] in place (views into a fused qkv are fine);
     cos/sin: [T, hd], each row's table entry."""
-    for name, t in (("q", q), ("k", k)):
-        _require(t.dim() == 3 and t.stride(2) == 1, f"{name} must be [T, heads, hd], hd dense")
-        _require(t.dtype == cos.dtype == sin.dtype, f"{name}, cos and sin must share a dtype")
-    _require(
-        cos.shape == sin.shape == (q.shape[0], q.shape[2]) and cos.is_contiguous(),
-        f"cos/sin must be contiguous [T, head_dim], got {tuple(cos.shape)}",
-    )
-    _require(sin.is_contiguous(), "sin must be contiguous")
+    check_rotary_args(q, k, cos, sin)
     load_cpu_ops().rotary_(q, k, cos, sin)
     return q, k
 
@@ -275,20 +267,21 @@ class Int8Weight:
     def __init__(self, weight: torch.Tensor) -> None:
         ops = load_cpu_ops()
         n, k = weight.shape
-        _require(k % self.GROUP == 0, f"int8 weights need inputs in groups of 32, got {k}")
+        require(k % self.GROUP == 0, f"int8 weights need inputs in groups of 32, got {k}")
         self.shape = (n, k)
         parts = [
             quantize_groups(rows.float().view(-1, k // self.GROUP, self.GROUP))
             for rows in weight.detach().split(self.ROWS_AT_ONCE)
         ]
         q, d, m = (torch.cat(t) for t in zip(*parts))
-        self.tiles = bool(ops.int8_amx_available()) and n % 16 == 0
+        self.tiles = int8_tiles_available() and n % 16 == 0
         if self.tiles:  # see csrc/int8.h: per 16 channels and 32 inputs, rows of input pairs
             q = q.view(n // 16, 16, k // 32, 16, 2).permute(0, 2, 3, 1, 4)
             d = d.view(n // 16, 16, k // 32).transpose(1, 2)
             m = m.view(n // 16, 16, k // 32).transpose(1, 2)
         self.q = q.reshape(q.shape if self.tiles else (n, k)).contiguous()
         self.d, self.m = d.contiguous(), m.contiguous()
+        self._matmul = ops.int8_linear_tiles if self.tiles else ops.int8_linear
 
     @property
     def nbytes(self) -> int:
@@ -307,6 +300,5 @@ class Int8Weight:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [M, K] bfloat16 -> [M, N] bfloat16."""
-        _require(x.dtype == torch.bfloat16, f"int8 weights take bfloat16 inputs, got {x.dtype}")
-        op = load_cpu_ops().int8_linear_tiles if self.tiles else load_cpu_ops().int8_linear
-        return op(x.contiguous(), self.q, self.d, self.m)
+        require(x.dtype == torch.bfloat16, f"int8 weights take bfloat16 inputs, got {x.dtype}")
+        return self._matmul(x.contiguous(), self.q, self.d, self.m)

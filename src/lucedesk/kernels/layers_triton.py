@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from lucedesk.kernels.checks import check_norm_args, check_rotary_args, require
+
 
 @triton.jit
 def _add_rms_norm_kernel(
@@ -81,21 +83,11 @@ def _rotary_kernel(
     tl.store(base + HALF + d, (a2 + b2).to(dtype))
 
 
-def _require(cond: bool, message: str) -> None:
-    if not cond:
-        raise ValueError(message)
-
-
 def add_rms_norm_triton(
     x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x, residual: [T, H] -> (rms_norm(x + residual) * weight, x + residual)."""
-    _require(x.dim() == 2 and x.is_contiguous(), f"x must be contiguous [T, H], got {x.shape}")
-    _require(weight.shape == (x.shape[1],), "weight must be [H]")
-    _require(weight.dtype == x.dtype and weight.is_contiguous(), "weight: x's dtype, contiguous")
-    if residual is not None:
-        _require(residual.shape == x.shape, "residual must have x's shape")
-        _require(residual.dtype == x.dtype and residual.is_contiguous(), "residual: x's dtype")
+    check_norm_args(x, residual, weight)
     T, H = x.shape
     out = torch.empty_like(x)
     res_out = torch.empty_like(x) if residual is not None else x
@@ -120,17 +112,9 @@ def rotary_triton(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotates q [T, nh, hd] and k [T, kvh, hd] in place (views into a fused qkv are fine);
     cos/sin: [T, hd], each row's table entry."""
-    for name, t in (("q", q), ("k", k)):
-        _require(t.dim() == 3 and t.stride(2) == 1, f"{name} must be [T, heads, hd], hd dense")
-        _require(t.dtype == cos.dtype == sin.dtype, f"{name}, cos and sin must share a dtype")
-    _require(q.shape[2] == k.shape[2] and q.shape[0] == k.shape[0], "q and k differ in shape")
+    check_rotary_args(q, k, cos, sin)
     hd = q.shape[2]
-    _require(hd % 2 == 0 and hd & (hd - 1) == 0, f"head_dim must be a power of two, got {hd}")
-    _require(
-        cos.shape == sin.shape == (q.shape[0], hd) and cos.is_contiguous(),
-        f"cos/sin must be contiguous [T, head_dim], got {tuple(cos.shape)}",
-    )
-    _require(sin.is_contiguous(), "sin must be contiguous")
+    require(hd % 2 == 0 and hd & (hd - 1) == 0, f"head_dim must be a power of two, got {hd}")
     T, nh = q.shape[0], q.shape[1]
     if T:
         _rotary_kernel[(T, nh + k.shape[1])](
