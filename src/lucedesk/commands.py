@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from lucedesk.engine.build import BuiltEngine
+from lucedesk.engine import BuiltEngine
 
 
 def say(message: str) -> None:
@@ -29,7 +29,7 @@ def engine_config(args: argparse.Namespace):
 
 
 def build_from_args(args: argparse.Namespace) -> BuiltEngine:
-    from lucedesk.engine.build import kernel_build_notice, launch_engine
+    from lucedesk.engine import kernel_build_notice, launch_engine
     from lucedesk.pull import resolve_model
 
     chosen, config, why = engine_config(args)
@@ -42,7 +42,7 @@ def build_from_args(args: argparse.Namespace) -> BuiltEngine:
 
 
 def sampling_from_args(args: argparse.Namespace):
-    from lucedesk.engine.request import SamplingParams
+    from lucedesk.engine import SamplingParams
 
     return SamplingParams(
         max_tokens=args.max_tokens,
@@ -54,22 +54,20 @@ def sampling_from_args(args: argparse.Namespace):
 
 
 def run_prompt(args: argparse.Namespace) -> int:
-    from lucedesk.engine.models.chat import encode_chat
-
     params = sampling_from_args(args)
     # One request: a single slot and a pool of one full context keep start-up short.
     args.set = [*args.set, "max_slots=1"] + (
         [] if any(s.startswith("kv_pool_tokens") for s in args.set) else ["kv_pool_tokens=8192"]
     )
     built = build_from_args(args)
-    engine, tokenizer = built.engine, built.loaded.tokenizer
+    engine = built.engine
     try:
         if args.raw:
-            prompt_ids = tokenizer.encode(args.prompt)
+            prompt_ids = engine.tokenizer.encode(args.prompt)
         else:
             messages = [{"role": "system", "content": args.system}] if args.system else []
             messages.append({"role": "user", "content": args.prompt})
-            prompt_ids = encode_chat(tokenizer, messages)
+            prompt_ids = engine.encode_chat(messages).token_ids
         completion = None
         for out in engine.submit(prompt_ids, params, owner="cli"):
             sys.stdout.write(out.text)

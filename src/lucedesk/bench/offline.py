@@ -9,8 +9,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from lucedesk.bench.metrics import RequestRecord, Summary, summarize
-from lucedesk.engine.engine import Engine
-from lucedesk.engine.request import SamplingParams
+from lucedesk.engine import Engine, SamplingParams
 
 
 def random_prompts(

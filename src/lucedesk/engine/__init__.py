@@ -1,0 +1,65 @@
+"""The engine's front door: every name a client (server, TUI, agents, CLI, bench) needs.
+
+    prompt = engine.encode_chat(messages, tools, tool_choice, response_format=...)
+    params = SamplingParams(max_tokens=engine.output_room(len(prompt.token_ids), None),
+                            grammar=prompt.grammar)
+    handle = engine.submit(prompt.token_ids, params, owner="me")
+    async for out in handle: ...            # RequestOutput deltas; prompt.parser() reads calls
+
+Clients import from here, never from the modules behind it. This module imports no torch;
+the names that build an engine (and load torch) are loaded on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from lucedesk.engine.engine import Engine, QueueFullError
+from lucedesk.engine.grammar import Grammar
+from lucedesk.engine.handle import Completion, RequestHandle, RequestOutput, TokenLogprob
+from lucedesk.engine.models.chat import ChatPrompt
+from lucedesk.engine.request import MAX_TOP_LOGPROBS, FinishReason, SamplingParams
+from lucedesk.engine.stats import EngineStats, HistogramSnapshot, SlotStats
+from lucedesk.engine.tool_calls import Tool, ToolCall, ToolChoice
+from lucedesk.engine.tool_parser import CallDelta, TextDelta, ToolCallParser
+from lucedesk.errors import RequestError
+
+if TYPE_CHECKING:
+    from lucedesk.engine.build import BuiltEngine, kernel_build_notice, launch_engine
+
+_BUILD_NAMES = ("BuiltEngine", "kernel_build_notice", "launch_engine")
+
+__all__ = [
+    "MAX_TOP_LOGPROBS",
+    "BuiltEngine",
+    "CallDelta",
+    "ChatPrompt",
+    "Completion",
+    "Engine",
+    "EngineStats",
+    "FinishReason",
+    "Grammar",
+    "HistogramSnapshot",
+    "QueueFullError",
+    "RequestError",
+    "RequestHandle",
+    "RequestOutput",
+    "SamplingParams",
+    "SlotStats",
+    "TextDelta",
+    "TokenLogprob",
+    "Tool",
+    "ToolCall",
+    "ToolCallParser",
+    "ToolChoice",
+    "kernel_build_notice",
+    "launch_engine",
+]
+
+
+def __getattr__(name: str):
+    if name in _BUILD_NAMES:
+        from lucedesk.engine import build
+
+        return getattr(build, name)
+    raise AttributeError(f"module 'lucedesk.engine' has no attribute {name!r}")

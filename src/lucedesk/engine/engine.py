@@ -4,18 +4,22 @@ cancels and reads handles."""
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from lucedesk.engine.handle import RequestHandle, RequestOutput
+from lucedesk.engine.grammar import Grammar, GrammarCompiler
+from lucedesk.engine.handle import RequestHandle, RequestOutput, TokenLogprob
+from lucedesk.engine.models.chat import ChatPrompt, encode_chat
 from lucedesk.engine.models.tokenizer import IncrementalDetokenizer, Tokenizer
 from lucedesk.engine.request import FinishReason, Request, SamplingParams
 from lucedesk.engine.scheduler import Scheduler, StepPlan
 from lucedesk.engine.seq_engine import SeqEngine, StepResult
 from lucedesk.engine.stats import EngineStats, StatsCollector
+from lucedesk.engine.tool_calls import Tool, ToolChoice, ToolFormat, detect_family
 from lucedesk.errors import RequestError
 
 log = logging.getLogger(__name__)
@@ -34,6 +38,7 @@ class _Stream:
     text: str = ""  # all output text so far, stop strings included
     num_emitted: int = 0  # characters of `text` already sent
     num_tokens_sent: int = 0
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # per output token, if asked
 
 
 class Engine:
@@ -51,6 +56,10 @@ class Engine:
         self.model_name = model_name
         self.max_waiting = max_waiting
         self.max_model_len = scheduler.max_model_len
+        self.grammars = GrammarCompiler(
+            tokenizer, getattr(seq_engine, "vocab_size", tokenizer.vocab_size)
+        )
+        self.tool_format = ToolFormat(detect_family(tokenizer.chat_template))
         self._inbox: deque[tuple[str, object]] = deque()
         self._wake = threading.Event()
         self._streams: dict[str, _Stream] = {}
@@ -80,6 +89,60 @@ class Engine:
         """Record the thread that calls run_forever(), so shutdown() can wait for it."""
         self._thread = thread
 
+    def encode_chat(
+        self,
+        messages: list[dict],
+        tools: list[Tool] | None = None,
+        tool_choice: ToolChoice | None = None,
+        parallel_tool_calls: bool = True,
+        response_format: Grammar | None = None,
+    ) -> ChatPrompt:
+        """The prompt for a chat (tools rendered in the model's own format) and the grammar
+        its reply must follow: the tool-call grammar for `tool_choice`, the response format,
+        or both. Raises RequestError naming the field of a tool or format that cannot be
+        compiled, or a tool_choice naming no offered function."""
+        tools = tools or []
+        choice = tool_choice or ToolChoice()
+        if choice.mode == "function" and choice.function not in {t.name for t in tools}:
+            raise RequestError(
+                f"tool_choice names {choice.function!r}, which is not among the tools",
+                "tool_choice",
+            )
+        if choice.mode == "required" and not tools:
+            raise RequestError("tool_choice 'required' needs at least one tool", "tool_choice")
+        for i, tool in enumerate(tools):
+            self.grammars.check(Grammar.json_schema(tool.parameters, f"tools[{i}]"))
+        if response_format is not None:
+            self.grammars.check(response_format)
+        fmt = self.tool_format if tools and choice.mode != "none" else None
+        grammar = response_format
+        if fmt is not None:
+            text_schema = None
+            if response_format is not None and response_format.kind == "json_schema":
+                text_schema = json.loads(response_format.source)
+            grammar = fmt.grammar(tools, choice, parallel_tool_calls, text_schema)
+        token_ids = encode_chat(self.tokenizer, messages, self.tool_format, tools)
+        if grammar is not None:
+            self.grammars.check(grammar)
+        return ChatPrompt(token_ids, grammar, fmt)
+
+    def output_room(
+        self, num_prompt_tokens: int, max_tokens: int | None, field: str = "messages"
+    ) -> int:
+        """The max_tokens to submit: `max_tokens` when given (submit rejects one that does not
+        fit), else all the room the prompt leaves in one request. Raises RequestError
+        (naming `field`) when the prompt is empty or leaves no room."""
+        if num_prompt_tokens == 0:
+            raise RequestError("the prompt is empty", field)
+        room = self.max_request_tokens - num_prompt_tokens
+        if room < 1:
+            raise RequestError(
+                f"the prompt ({num_prompt_tokens} tokens) leaves no room in the context of "
+                f"{self.max_request_tokens} tokens",
+                field,
+            )
+        return room if max_tokens is None else max_tokens
+
     def submit(
         self,
         prompt_ids: list[int],
@@ -105,6 +168,8 @@ class Engine:
             stop_ids.update(self.tokenizer.stop_token_ids)
         req = Request(rid, list(prompt_ids), params, owner=owner, stop_ids=frozenset(stop_ids))
         self.scheduler.check_fits(req)
+        if params.grammar is not None:
+            req.matcher = self.grammars.matcher(params.grammar)
         handle = RequestHandle(rid, len(prompt_ids), self.cancel)
         self._num_pending += 1
         self._inbox.append(("add", (req, handle)))
@@ -202,12 +267,17 @@ class Engine:
         for slot, message in result.errors.items():
             req = next(r.request for r in plan.rows if r.request.slot == slot)
             self.scheduler.finish(req, FinishReason.ERROR, message)
-        produced = self.scheduler.update(plan, result.sampled)
+        logprobs = {
+            row.request.request_id: result.logprobs[row.request.slot]
+            for row in plan.rows
+            if row.request.slot in result.logprobs
+        }
+        produced = self.scheduler.update(plan, result.sampled, result.stopped)
         now = time.monotonic()
         for req in produced:
             self._collector.on_token(req, now)
             try:
-                self._stream(req)
+                self._stream(req, logprobs.get(req.request_id))
             except Exception as exc:  # detokenizing one request must not stop the others
                 log.exception("output processing failed for %s", req.request_id)
                 self.scheduler.finish(req, FinishReason.ERROR, f"output processing failed: {exc}")
@@ -226,6 +296,8 @@ class Engine:
         # rows is harmless, and sampler state only advances on rows that succeed.
         sampled: dict[int, int] = {}
         errors: dict[int, str] = {}
+        logprobs: dict[int, TokenLogprob] = {}
+        stopped: set[int] = set()
         for row in plan.rows:
             alone = StepPlan(plan.step)
             (alone.decodes if row in plan.decodes else alone.prefills).append(row)
@@ -233,14 +305,18 @@ class Engine:
                 r = self.seq_engine.execute(alone)
                 sampled.update(r.sampled)
                 errors.update(r.errors)
+                logprobs.update(r.logprobs)
+                stopped.update(r.stopped)
             except Exception as exc:
                 log.exception("step failed for %s", row.request.request_id)
                 errors[row.request.slot] = f"{type(exc).__name__}: {exc}"
-        return StepResult(sampled, errors)
+        return StepResult(sampled, errors, logprobs, frozenset(stopped))
 
-    def _stream(self, req: Request) -> None:
+    def _stream(self, req: Request, logprob: TokenLogprob | None) -> None:
         s = self._streams[req.request_id]
         token = req.output_ids[-1]
+        if logprob is not None:
+            s.logprobs.append(logprob)
         if token not in req.stop_ids:  # end tokens are counted, never shown
             s.text += s.detokenizer.push([token])
         stops = req.params.stop
@@ -262,6 +338,7 @@ class Engine:
     def _send(self, req: Request, s: _Stream, upto: int, final: bool = False) -> None:
         text = s.text[s.num_emitted : upto]
         tokens = tuple(req.output_ids[s.num_tokens_sent :])
+        logprobs = tuple(s.logprobs[s.num_tokens_sent :])
         if not text and not tokens and not final:
             return
         s.num_emitted = max(s.num_emitted, upto)
@@ -276,6 +353,7 @@ class Engine:
                 error=req.error if final else None,
                 num_prompt_tokens=req.num_prompt_tokens,
                 num_output_tokens=req.num_output_tokens,
+                logprobs=logprobs,
             )
         )
 

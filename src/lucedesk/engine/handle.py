@@ -12,6 +12,16 @@ from lucedesk.engine.request import FinishReason
 
 
 @dataclass(slots=True, frozen=True)
+class TokenLogprob:
+    """A sampled token's log probability under the model (before temperature and grammar
+    masks) and the `top` most likely tokens with theirs, best first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(slots=True, frozen=True)
 class RequestOutput:
     """One delta: the tokens and text a request produced in one step."""
 
@@ -23,6 +33,7 @@ class RequestOutput:
     error: str | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token of `token_ids`, where asked
 
 
 @dataclass(slots=True, frozen=True)
@@ -36,6 +47,7 @@ class Completion:
     error: str | None
     num_prompt_tokens: int
     num_output_tokens: int
+    logprobs: list[TokenLogprob]
 
 
 class RequestHandle:
@@ -56,6 +68,7 @@ class RequestHandle:
         self._async_ready: asyncio.Event | None = None
         self._text: list[str] = []
         self._token_ids: list[int] = []
+        self._logprobs: list[TokenLogprob] = []
         self._final: RequestOutput | None = None
         self._read_final = False
 
@@ -66,6 +79,7 @@ class RequestHandle:
             self._events.append(output)
             self._text.append(output.text)
             self._token_ids.extend(output.token_ids)
+            self._logprobs.extend(output.logprobs)
             if output.finished:
                 self._final = output
             self._ready.notify_all()
@@ -153,4 +167,5 @@ class RequestHandle:
             error=final.error,
             num_prompt_tokens=self.num_prompt_tokens,
             num_output_tokens=final.num_output_tokens,
+            logprobs=list(self._logprobs),
         )

@@ -7,7 +7,10 @@ import math
 import time
 from dataclasses import dataclass, field
 
+from lucedesk.engine.grammar import Grammar
 from lucedesk.errors import RequestError
+
+MAX_TOP_LOGPROBS = 20
 
 
 class FinishReason(enum.StrEnum):
@@ -36,6 +39,8 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    grammar: Grammar | None = None  # the output must match it (constrained decoding)
+    logprobs: int | None = None  # None: off; N: each token's logprob and the N most likely
 
     @property
     def greedy(self) -> bool:
@@ -76,6 +81,12 @@ class SamplingParams:
             raise bad("stop", "may hold at most 16 strings")
         if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", "must be non-negative integers")
+        if self.logprobs is not None and (
+            not isinstance(self.logprobs, int)
+            or isinstance(self.logprobs, bool)
+            or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS
+        ):
+            raise bad("logprobs", f"must be an integer from 0 to {MAX_TOP_LOGPROBS}")
         return self
 
 
@@ -94,6 +105,9 @@ class Request:
     params: SamplingParams
     owner: str = ""
     stop_ids: frozenset[int] = frozenset()  # model's end tokens (unless ignore_eos) + params'
+    # The llguidance matcher of `params.grammar` (engine/grammar.py); it has consumed every
+    # output token, so preemption and prefix adoption (which touch only KV) leave it valid.
+    matcher: object | None = None
     output_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     slot: int | None = None

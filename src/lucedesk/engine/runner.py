@@ -50,6 +50,7 @@ class TorchSeqEngine:
         c = model.config
         self.model = model
         self.num_blocks = num_blocks
+        self.vocab_size = c.vocab_size
         self.block_size = block_size
         self.device = torch.device(device)
         self.kernels = get_kernels(kernels)
@@ -89,21 +90,4 @@ class TorchSeqEngine:
             if not sampling:
                 return StepResult({}, {})
             logits = self.model.compute_logits(hidden[last_rows])  # [R, vocab]
-        return self._sample(logits, [rows[i] for i in sampling])
-
-    def _sample(self, logits: torch.Tensor, rows: list) -> StepResult:
-        reqs = [r.request for r in rows]
-        greedy = logits.argmax(dim=-1).tolist()
-        sampled: dict[int, int] = {}
-        errors: dict[int, str] = {}
-        for i, req in enumerate(reqs):
-            p = req.params
-            if p.greedy:
-                sampled[req.slot] = greedy[i]
-                continue
-            try:
-                gen = self.sampler.generator(req.request_id, p.seed)
-                sampled[req.slot] = self.sampler.sample_row(logits[i], p, gen)
-            except Exception as exc:  # one bad row must not sink the batch
-                errors[req.slot] = f"sampling failed: {exc}"
-        return StepResult(sampled, errors)
+            return self.sampler.sample(logits, [rows[i].request for i in sampling])

@@ -1,4 +1,5 @@
-"""Sampling the next token of each row, with one generator per request."""
+"""Choosing each row's next token: grammar masks, greedy or sampled, logprobs, and the
+grammar matchers fed with what was chosen. One entry point, `Sampler.sample`."""
 
 from __future__ import annotations
 
@@ -6,16 +7,21 @@ import random
 
 import torch
 
-from lucedesk.engine.request import SamplingParams
+from lucedesk.engine.handle import TokenLogprob
+from lucedesk.engine.request import Request, SamplingParams
+from lucedesk.engine.seq_engine import StepResult
 
 
 class Sampler:
     """Greedy rows take the argmax; sampled rows apply temperature, top-k, top-p and min-p and
     draw with the request's own generator (seeded from `seed`), so a seeded request gets the
-    same tokens whoever shares its batch."""
+    same tokens whoever shares its batch. Rows with a grammar are masked first; rows without
+    one pay nothing for it."""
 
     def __init__(self) -> None:
         self._generators: dict[str, torch.Generator] = {}
+        self._executor = None  # llguidance's thread pool, made at the first grammar row
+        self._shifts = torch.arange(32, dtype=torch.int32)
 
     def forget(self, request_ids: list[str]) -> None:
         for rid in request_ids:
@@ -28,6 +34,100 @@ class Sampler:
             gen.manual_seed(seed if seed is not None else random.getrandbits(63))
             self._generators[request_id] = gen
         return gen
+
+    def sample(self, logits: torch.Tensor, requests: list[Request]) -> StepResult:
+        """logits: [R, vocab], row i belonging to requests[i] (each holding a slot)."""
+        errors: dict[int, str] = {}
+        wants_logprobs = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
+        # Logprobs are the model's own distribution: taken before masks and temperature.
+        logprobs = torch.log_softmax(logits[wants_logprobs].float(), -1) if wants_logprobs else None
+        constrained = [i for i, r in enumerate(requests) if r.matcher is not None]
+        if constrained:
+            self._apply_masks(logits, requests, constrained, errors)
+        greedy = logits.argmax(dim=-1).tolist()
+        sampled: dict[int, int] = {}
+        for i, req in enumerate(requests):
+            if req.slot in errors:
+                continue
+            p = req.params
+            if p.greedy:
+                sampled[req.slot] = greedy[i]
+                continue
+            try:
+                gen = self.generator(req.request_id, p.seed)
+                sampled[req.slot] = self.sample_row(logits[i], p, gen)
+            except Exception as exc:  # one bad row must not sink the batch
+                errors[req.slot] = f"sampling failed: {exc}"
+        found: dict[int, TokenLogprob] = {}
+        if logprobs is not None:
+            found = self._gather_logprobs(logprobs, [requests[i] for i in wants_logprobs], sampled)
+        stopped = self._advance_matchers([requests[i] for i in constrained], sampled, errors)
+        return StepResult(sampled, errors, found, stopped)
+
+    def _apply_masks(
+        self, logits: torch.Tensor, requests: list[Request], rows: list[int], errors: dict
+    ) -> None:
+        """Sets every token the row's grammar forbids to -inf; a row whose grammar allows
+        nothing fails alone."""
+        import llguidance
+
+        if self._executor is None:
+            self._executor = llguidance.LLExecutor()
+        vocab = logits.shape[1]
+        words = (vocab + 31) // 32
+        bitmask = torch.empty((len(rows), words), dtype=torch.int32)
+        # llguidance fills every row's mask at once, on its own threads without the GIL.
+        self._executor.unsafe_compute_mask_ptr(
+            [(requests[i].matcher, k) for k, i in enumerate(rows)],
+            bitmask.data_ptr(),
+            words * 4,
+            len(rows),
+        )
+        # bit j of word w allows token 32*w + j
+        allowed = ((bitmask.unsqueeze(-1) >> self._shifts) & 1).view(len(rows), -1)[:, :vocab]
+        allowed = allowed.bool().to(logits.device)
+        for k, i in enumerate(rows):
+            req = requests[i]
+            if req.matcher.is_error():
+                errors[req.slot] = f"grammar failed: {req.matcher.get_error()}"
+            elif not bool(allowed[k].any()):
+                errors[req.slot] = "the grammar allows no next token"
+        logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
+
+    @staticmethod
+    def _gather_logprobs(
+        logprobs: torch.Tensor, requests: list[Request], sampled: dict[int, int]
+    ) -> dict[int, TokenLogprob]:
+        out: dict[int, TokenLogprob] = {}
+        for k, req in enumerate(requests):
+            token = sampled.get(req.slot)
+            if token is None:
+                continue
+            top: tuple[tuple[int, float], ...] = ()
+            if req.params.logprobs:
+                values, ids = torch.topk(logprobs[k], req.params.logprobs)
+                top = tuple(zip(ids.tolist(), values.tolist()))
+            out[req.slot] = TokenLogprob(token, float(logprobs[k, token]), top)
+        return out
+
+    @staticmethod
+    def _advance_matchers(
+        requests: list[Request], sampled: dict[int, int], errors: dict[int, str]
+    ) -> frozenset[int]:
+        """Feeds each grammar the token chosen for it; returns the slots whose grammar is
+        complete (the request ends there)."""
+        stopped = set()
+        for req in requests:
+            token = sampled.get(req.slot)
+            if token is None:
+                continue
+            matcher = req.matcher
+            if not matcher.consume_token(token) or matcher.is_error():
+                errors[req.slot] = f"grammar rejected token {token}: {matcher.get_error()}"
+                del sampled[req.slot]
+            elif matcher.is_stopped():
+                stopped.add(req.slot)
+        return frozenset(stopped)
 
     @staticmethod
     def sample_row(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator) -> int:

@@ -131,10 +131,13 @@ class Scheduler:
         plan.finished_ids, self.recently_finished = self.recently_finished, []
         return plan
 
-    def update(self, plan: StepPlan, sampled: dict[int, int]) -> list[Request]:
+    def update(
+        self, plan: StepPlan, sampled: dict[int, int], stopped: frozenset[int] = frozenset()
+    ) -> list[Request]:
         """Record a step's result: `sampled` maps slot -> new token for each sampling row
-        (a row missing from it failed and was finished with an error). Returns the requests
-        that produced a token."""
+        (a row missing from it failed and was finished with an error); `stopped` holds the
+        slots whose grammar is complete with that token. Returns the requests that produced
+        a token."""
         produced = []
         for row in plan.rows:
             req = row.request
@@ -149,7 +152,7 @@ class Scheduler:
                 continue
             req.output_ids.append(token)
             produced.append(req)
-            if token in req.stop_ids:
+            if token in req.stop_ids or req.slot in stopped:
                 self.finish(req, FinishReason.STOP)
             elif (
                 req.num_output_tokens >= req.params.max_tokens

@@ -13,14 +13,19 @@ from dataclasses import asdict
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from lucedesk.engine.engine import Engine
-from lucedesk.engine.handle import RequestHandle
-from lucedesk.engine.models.chat import encode_chat
-from lucedesk.engine.request import FinishReason, SamplingParams
-from lucedesk.errors import RequestError
+from lucedesk.engine import (
+    Engine,
+    FinishReason,
+    Grammar,
+    RequestError,
+    RequestHandle,
+    SamplingParams,
+    ToolCallParser,
+)
 from lucedesk.server import errors, metrics
+from lucedesk.server import openai_wire as wire
 from lucedesk.server.errors import APIError
-from lucedesk.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from lucedesk.server.openai_wire import ChatCompletionRequest, CompletionRequest, SamplingFields
 
 CLIENT_HEADER = "x-lucedesk-client"
 DEFAULT_BODY_LIMIT = 4 << 20  # 4 MiB: a ~1M-character prompt, far beyond any context here
@@ -168,13 +173,27 @@ def create_app(
     async def chat(body: ChatCompletionRequest, request: Request):
         eng = current()
         check_common(body)
-        messages = [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            for m in body.messages
-        ]
-        prompt = encode_chat(eng.tokenizer, messages)
-        max_tokens = body.max_completion_tokens or body.max_tokens
-        return await generate(eng, body, prompt, max_tokens, request, chat=True)
+        try:
+            prompt = eng.encode_chat(
+                wire.messages_of(body),
+                wire.tools_of(body),
+                wire.tool_choice_of(body),
+                body.parallel_tool_calls,
+                wire.grammar_of(body.response_format),
+            )
+        except RequestError as exc:
+            raise errors.from_request_error(exc) from None
+        top = body.top_logprobs or 0
+        call = Call(
+            eng,
+            body,
+            request,
+            chat=True,
+            max_tokens=body.max_completion_tokens or body.max_tokens,
+            grammar=prompt.grammar,
+            logprobs=top if body.logprobs else None,
+        )
+        return await call.run(prompt.token_ids, prompt.parser())
 
     @app.post("/v1/completions", dependencies=auth)
     async def completions(body: CompletionRequest, request: Request):
@@ -188,7 +207,20 @@ def create_app(
             prompt = eng.tokenizer.encode(body.prompt[0])
         else:
             prompt = list(body.prompt)
-        return await generate(eng, body, prompt, body.max_tokens, request, chat=False)
+        try:
+            grammar = wire.grammar_of(body.response_format)
+        except RequestError as exc:
+            raise errors.from_request_error(exc) from None
+        call = Call(
+            eng,
+            body,
+            request,
+            chat=False,
+            max_tokens=body.max_tokens,
+            grammar=grammar,
+            logprobs=body.logprobs,
+        )
+        return await call.run(prompt, None)
 
     def check_common(body: SamplingFields) -> None:
         if body.model is not None and body.model != served_name():
@@ -198,80 +230,156 @@ def create_app(
         if body.n != 1:
             raise APIError(400, "n must be 1", "n")
 
-    async def generate(
-        eng: Engine,
-        body: SamplingFields,
-        prompt: list[int],
-        max_tokens: int | None,
-        request: Request,
-        chat: bool,
-    ):
-        if not prompt:
-            raise APIError(400, "the prompt is empty", "prompt" if not chat else "messages")
-        room = eng.max_request_tokens - len(prompt)
-        if max_tokens is None:
-            if room < 1:
-                raise APIError(
-                    400,
-                    f"the prompt ({len(prompt)} tokens) leaves no room in the "
-                    f"context of {eng.max_model_len} tokens",
-                    "messages" if chat else "prompt",
+    class Call:
+        """One completion request, from engine submission to the response or stream."""
+
+        def __init__(
+            self,
+            eng: Engine,
+            body: SamplingFields,
+            request: Request,
+            chat: bool,
+            max_tokens: int | None,
+            grammar: Grammar | None,
+            logprobs: int | None,
+        ) -> None:
+            self.eng, self.body, self.request, self.chat = eng, body, request, chat
+            self.max_tokens, self.grammar, self.logprobs = max_tokens, grammar, logprobs
+            self.rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+            self.created = int(time.time())
+            self.model = served_name()
+            self.format_logprobs = wire.LogprobFormatter(eng)
+
+        async def run(self, prompt: list[int], parser: ToolCallParser | None):
+            eng, body = self.eng, self.body
+            stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+            try:
+                params = SamplingParams(
+                    max_tokens=eng.output_room(
+                        len(prompt), self.max_tokens, "messages" if self.chat else "prompt"
+                    ),
+                    temperature=1.0 if body.temperature is None else body.temperature,
+                    top_p=1.0 if body.top_p is None else body.top_p,
+                    top_k=body.top_k or 0,
+                    min_p=body.min_p or 0.0,
+                    seed=body.seed,
+                    stop=tuple(stop),
+                    ignore_eos=body.ignore_eos,
+                    grammar=self.grammar,
+                    logprobs=self.logprobs,
                 )
-            max_tokens = room
-        stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-        try:
-            params = SamplingParams(
-                max_tokens=max_tokens,
-                temperature=1.0 if body.temperature is None else body.temperature,
-                top_p=1.0 if body.top_p is None else body.top_p,
-                top_k=body.top_k or 0,
-                min_p=body.min_p or 0.0,
-                seed=body.seed,
-                stop=tuple(stop),
-                ignore_eos=body.ignore_eos,
+                handle = eng.submit(prompt, params, owner=owner_label(self.request))
+            except RequestError as exc:
+                raise errors.from_request_error(exc) from None
+            if body.stream:
+                include_usage = bool(body.stream_options and body.stream_options.include_usage)
+                return StreamingResponse(
+                    self.stream(handle, parser, include_usage),
+                    media_type="text/event-stream",
+                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                )
+            done = await wait_or_cancel(eng, handle, self.request)
+            if done.finish_reason is FinishReason.ERROR:
+                raise APIError(500, f"generation failed: {done.error}", kind="server_error")
+            if self.chat:
+                message, called = wire.reply_message(done.text, parser)
+                choice = {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": wire.finish_reason(done.finish_reason, called),
+                    "logprobs": self.format_logprobs.chat(done.logprobs)
+                    if self.logprobs is not None
+                    else None,
+                }
+            else:
+                choice = {
+                    "index": 0,
+                    "text": done.text,
+                    "finish_reason": wire.finish_reason(done.finish_reason),
+                    "logprobs": self.format_logprobs.completion(done.logprobs)
+                    if self.logprobs is not None
+                    else None,
+                }
+            return JSONResponse(
+                {
+                    "id": self.rid,
+                    "object": "chat.completion" if self.chat else "text_completion",
+                    "created": self.created,
+                    "model": self.model,
+                    "choices": [choice],
+                    "usage": wire.usage(done.num_prompt_tokens, done.num_output_tokens),
+                }
             )
-            handle = eng.submit(prompt, params, owner=owner_label(request))
-        except RequestError as exc:
-            raise errors.from_request_error(exc) from None
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        created = int(time.time())
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(
-                stream(eng, handle, rid, created, chat, include_usage),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-            )
-        done = await wait_or_cancel(eng, handle, request)
-        if done.finish_reason is FinishReason.ERROR:
-            raise APIError(500, f"generation failed: {done.error}", kind="server_error")
-        usage = {
-            "prompt_tokens": done.num_prompt_tokens,
-            "completion_tokens": done.num_output_tokens,
-            "total_tokens": done.num_prompt_tokens + done.num_output_tokens,
-        }
-        reason = finish_reason(done.finish_reason)
-        if chat:
-            choice = {
+
+        def event(self, choice: dict | None, usage: dict | None = None) -> str:
+            payload = {
+                "id": self.rid,
+                "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created,
+                "model": self.model,
+                "choices": [choice] if choice else [],
+            }
+            if usage is not None:
+                payload["usage"] = usage
+            return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+        def piece(self, delta: dict, logprobs: tuple, reason: str | None = None) -> dict:
+            lp = None
+            if self.logprobs is not None and logprobs:
+                lp = (
+                    self.format_logprobs.chat(logprobs)
+                    if self.chat
+                    else self.format_logprobs.completion(logprobs)
+                )
+            if self.chat:
+                return {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": lp}
+            return {
                 "index": 0,
-                "message": {"role": "assistant", "content": done.text},
+                "text": delta.get("content", ""),
                 "finish_reason": reason,
-                "logprobs": None,
+                "logprobs": lp,
             }
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": done.text, "finish_reason": reason, "logprobs": None}
-            obj = "text_completion"
-        return JSONResponse(
-            {
-                "id": rid,
-                "object": obj,
-                "created": created,
-                "model": served_name(),
-                "choices": [choice],
-                "usage": usage,
-            }
-        )
+
+        async def stream(
+            self, handle: RequestHandle, parser: ToolCallParser | None, include_usage: bool
+        ) -> AsyncIterator[str]:
+            finished = False
+            try:
+                if self.chat:
+                    yield self.event(self.piece({"role": "assistant", "content": ""}, ()))
+                async for out in handle:
+                    events = parser.feed(out.text) if parser is not None else []
+                    if out.finished and parser is not None:
+                        events += parser.finish()
+                    delta = (
+                        wire.delta_of(events)
+                        if parser is not None
+                        else ({"content": out.text} if out.text else {})
+                    )
+                    if delta or (out.logprobs and self.logprobs is not None):
+                        yield self.event(self.piece(delta, out.logprobs))
+                    if not out.finished:
+                        continue
+                    finished = True
+                    if out.finish_reason is FinishReason.ERROR:
+                        body = errors.error_body(
+                            f"generation failed: {out.error}", "server_error", None, "500"
+                        )
+                        yield f"data: {json.dumps(body)}\n\n"
+                    else:
+                        called = parser is not None and bool(parser.calls)
+                        reason = wire.finish_reason(out.finish_reason, called)
+                        yield self.event(self.piece({}, (), reason))
+                    if include_usage:
+                        yield self.event(
+                            None, wire.usage(out.num_prompt_tokens, out.num_output_tokens)
+                        )
+                yield "data: [DONE]\n\n"
+            finally:
+                # A client that disconnects cancels its request: slot and blocks come back at
+                # the next step boundary.
+                if not finished:
+                    self.eng.cancel(handle.request_id)
 
     async def wait_or_cancel(eng: Engine, handle: RequestHandle, request: Request):
         """The whole completion; cancels the request if the client goes away first."""
@@ -287,66 +395,4 @@ def create_app(
                 eng.cancel(handle.request_id)
                 result.cancel()
 
-    async def stream(
-        eng: Engine, handle: RequestHandle, rid: str, created: int, chat: bool, include_usage: bool
-    ) -> AsyncIterator[str]:
-        obj = "chat.completion.chunk" if chat else "text_completion"
-        model = served_name()
-
-        def event(choice: dict | None, usage: dict | None = None) -> str:
-            payload = {
-                "id": rid,
-                "object": obj,
-                "created": created,
-                "model": model,
-                "choices": [choice] if choice else [],
-            }
-            if usage is not None:
-                payload["usage"] = usage
-            return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
-
-        def piece(text: str, reason: str | None, first: bool = False) -> dict:
-            if chat:
-                delta = {"role": "assistant", "content": text} if first else {"content": text}
-                if reason is not None and not text:
-                    delta = {}
-                return {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}
-            return {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
-
-        finished = False
-        try:
-            if chat:
-                yield event(piece("", None, first=True))
-            async for out in handle:
-                if out.text:
-                    yield event(piece(out.text, None))
-                if out.finished:
-                    finished = True
-                    if out.finish_reason is FinishReason.ERROR:
-                        body = errors.error_body(
-                            f"generation failed: {out.error}", "server_error", None, "500"
-                        )
-                        yield f"data: {json.dumps(body)}\n\n"
-                    else:
-                        yield event(piece("", finish_reason(out.finish_reason)))
-                    if include_usage:
-                        yield event(
-                            None,
-                            {
-                                "prompt_tokens": out.num_prompt_tokens,
-                                "completion_tokens": out.num_output_tokens,
-                                "total_tokens": out.num_prompt_tokens + out.num_output_tokens,
-                            },
-                        )
-            yield "data: [DONE]\n\n"
-        finally:
-            # A client that disconnects cancels its request: slot and blocks come back at the
-            # next step boundary.
-            if not finished:
-                eng.cancel(handle.request_id)
-
     return app
-
-
-def finish_reason(reason: FinishReason) -> str:
-    return "length" if reason is FinishReason.LENGTH else "stop"

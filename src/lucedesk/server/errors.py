@@ -9,8 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from lucedesk.engine.engine import QueueFullError
-from lucedesk.errors import RequestError
+from lucedesk.engine import QueueFullError, RequestError
 
 log = logging.getLogger(__name__)
 

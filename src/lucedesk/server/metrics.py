@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lucedesk.engine.stats import EngineStats, HistogramSnapshot
+from lucedesk.engine import EngineStats, HistogramSnapshot
 
 
 def _metric(lines: list[str], name: str, kind: str, help_text: str) -> None:

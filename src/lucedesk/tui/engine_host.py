@@ -8,8 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lucedesk import profile as profiles
-from lucedesk.engine.build import BuiltEngine, kernel_build_notice, launch_engine
-from lucedesk.engine.engine import Engine
+from lucedesk.engine import BuiltEngine, Engine, kernel_build_notice, launch_engine
 from lucedesk.server import RunningServer, create_app, start_server
 
 log = logging.getLogger(__name__)

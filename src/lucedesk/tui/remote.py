@@ -11,8 +11,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from lucedesk.engine.handle import RequestOutput
-from lucedesk.engine.request import FinishReason, SamplingParams
+from lucedesk.engine import FinishReason, RequestOutput, SamplingParams
 
 
 def api_base(url: str) -> str:

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from lucedesk.engine.models.tokenizer import Tokenizer
 from lucedesk.errors import RequestError
+
+if TYPE_CHECKING:
+    from lucedesk.engine.grammar import Grammar
+    from lucedesk.engine.tool_calls import Tool, ToolFormat
+    from lucedesk.engine.tool_parser import ToolCallParser
 
 # Used only when a model ships no template of its own.
 CHATML_TEMPLATE = (
@@ -20,7 +27,21 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
+
+
+@dataclass(slots=True, frozen=True)
+class ChatPrompt:
+    """A chat encoded for the engine: its tokens, the grammar its reply must follow (if
+    any), and the tool format to read calls back with (set when tools were offered)."""
+
+    token_ids: list[int]
+    grammar: Grammar | None = None
+    tool_format: ToolFormat | None = None
+
+    def parser(self) -> ToolCallParser | None:
+        """A fresh parser for the reply's tool calls, or None when no tools were offered."""
+        return self.tool_format.parser() if self.tool_format is not None else None
 
 
 def _raise(message: str) -> None:
@@ -43,9 +64,13 @@ def _compile(source: str) -> jinja2.Template:
 
 
 def render_chat(
-    tokenizer: Tokenizer, messages: list[dict], add_generation_prompt: bool = True
+    tokenizer: Tokenizer,
+    messages: list[dict],
+    add_generation_prompt: bool = True,
+    tools: list | None = None,
 ) -> str:
-    """The prompt text for `messages` ([{"role": ..., "content": str}, ...])."""
+    """The prompt text for `messages` ([{"role": ..., "content": str}, ...]); `tools` is
+    handed to templates that render tools themselves."""
     for i, message in enumerate(messages):
         if message.get("role") not in ROLES:
             raise RequestError(
@@ -60,7 +85,7 @@ def render_chat(
             add_generation_prompt=add_generation_prompt,
             bos_token=tokenizer.bos_token or "",
             eos_token=tokenizer.eos_token or "",
-            tools=None,
+            tools=tools or None,
             documents=None,
         )
     except jinja2.exceptions.TemplateError as exc:
@@ -68,8 +93,17 @@ def render_chat(
 
 
 def encode_chat(
-    tokenizer: Tokenizer, messages: list[dict], add_generation_prompt: bool = True
+    tokenizer: Tokenizer,
+    messages: list[dict],
+    tool_format: ToolFormat | None = None,
+    tools: list[Tool] | None = None,
 ) -> list[int]:
+    """Tokens of the prompt for `messages`, in the neutral shape of tool_calls.py where
+    they carry tool calls or results; `tool_format` renders those and `tools` the model's
+    way (needed whenever a message holds a call or a result)."""
+    template_tools: list = []
+    if tool_format is not None:
+        messages, template_tools = tool_format.render_messages(messages, tools or [])
     # The template writes any BOS itself, so the text is encoded without added specials.
-    text = render_chat(tokenizer, messages, add_generation_prompt)
+    text = render_chat(tokenizer, messages, tools=template_tools)
     return tokenizer.encode(text, add_special_tokens=False)

@@ -10,10 +10,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Label
 
-from lucedesk.engine.handle import RequestHandle
-from lucedesk.engine.models.chat import encode_chat
-from lucedesk.engine.request import FinishReason, SamplingParams
-from lucedesk.errors import RequestError
+from lucedesk.engine import FinishReason, RequestError, RequestHandle, SamplingParams
 from lucedesk.tui.messages import PromptSubmitted, SessionsChanged
 from lucedesk.tui.remote import RemoteHandle
 from lucedesk.tui.store import Session, export_markdown
@@ -161,10 +158,9 @@ class ChatPane(Vertical, can_focus=False):
     # -- generation -------------------------------------------------------------------------
 
     def params(self, prompt_len: int, engine) -> SamplingParams:
-        room = engine.max_request_tokens - prompt_len
         s = self.session
         return SamplingParams(
-            max_tokens=max(1, min(s.max_tokens, room)),
+            max_tokens=min(s.max_tokens, engine.output_room(prompt_len, None)),
             temperature=s.temperature,
             top_p=0.95 if s.temperature else 1.0,
         )
@@ -182,7 +178,7 @@ class ChatPane(Vertical, can_focus=False):
             return handle
         engine = self.app.host.engine
         try:
-            prompt = encode_chat(engine.tokenizer, messages)
+            prompt = engine.encode_chat(messages).token_ids
             handle = engine.submit(prompt, self.params(len(prompt), engine), owner=owner)
         except RequestError as exc:
             self.app.notify(f"Cannot send: {exc}", severity="error", timeout=6)

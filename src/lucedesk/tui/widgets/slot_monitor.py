@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Label, ProgressBar, Sparkline
 
-from lucedesk.engine.stats import EngineStats, SlotStats
+from lucedesk.engine import EngineStats, SlotStats
 from lucedesk.tui.remote import remote_slots
 
 REFRESH_S = 0.25

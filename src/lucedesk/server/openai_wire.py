@@ -1,0 +1,308 @@
+"""The OpenAI wire format: request bodies (validated by pydantic), their translation into
+engine terms (messages, tools, tool choice, grammar), and the response and stream-chunk
+shapes built from engine outputs. No routes here: app.py wires these to the engine."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from lucedesk.engine import (
+    MAX_TOP_LOGPROBS,
+    CallDelta,
+    Engine,
+    FinishReason,
+    Grammar,
+    RequestError,
+    TextDelta,
+    TokenLogprob,
+    Tool,
+    ToolCall,
+    ToolCallParser,
+    ToolChoice,
+)
+
+# -- requests ---------------------------------------------------------------------------------
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCallIn(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class FunctionDef(BaseModel):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDef(BaseModel):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | bool = Field(default=True, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class SamplingFields(BaseModel):
+    """Fields shared by both endpoints; unknown fields are accepted and ignored, as the
+    OpenAI clients send optional ones freely."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = Field(default=1, ge=1)
+    response_format: ResponseFormat | None = None
+    # Extensions (vLLM and llama.cpp spell them the same way).
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    ignore_eos: bool = False
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[int] | list[str]
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+
+
+# -- requests into engine terms -----------------------------------------------------------------
+
+
+def grammar_of(fmt: ResponseFormat | None) -> Grammar | None:
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return Grammar.json_object("response_format")
+    if fmt.json_schema is None:
+        raise RequestError(
+            "response_format.json_schema is required when type is 'json_schema'",
+            "response_format.json_schema",
+        )
+    return Grammar.json_schema(fmt.json_schema.schema_, "response_format")
+
+
+def tools_of(body: ChatCompletionRequest) -> list[Tool]:
+    tools = []
+    for t in body.tools or []:
+        params = t.function.parameters or {"type": "object", "properties": {}}
+        tools.append(Tool(t.function.name, t.function.description or "", params))
+    return tools
+
+
+def tool_choice_of(body: ChatCompletionRequest) -> ToolChoice:
+    choice = body.tool_choice
+    if isinstance(choice, NamedToolChoice):
+        return ToolChoice("function", choice.function.name)
+    return ToolChoice(choice or "auto")
+
+
+def messages_of(body: ChatCompletionRequest) -> list[dict]:
+    """The neutral message list (tool_calls.py's shape). Raises RequestError naming the
+    field for call arguments that are not JSON and results for calls never made."""
+    out: list[dict] = []
+    calls_made: dict[str, str] = {}  # call id -> function name
+    for i, m in enumerate(body.messages):
+        role = "system" if m.role == "developer" else m.role
+        if role == "assistant" and m.tool_calls:
+            calls = []
+            for j, c in enumerate(m.tool_calls):
+                try:
+                    json.loads(c.function.arguments)
+                except json.JSONDecodeError:
+                    field = f"messages[{i}].tool_calls[{j}].function.arguments"
+                    raise RequestError(f"{field} is not valid JSON", field) from None
+                calls_made[c.id] = c.function.name
+                calls.append(ToolCall(c.id, c.function.name, c.function.arguments))
+            out.append({"role": "assistant", "content": m.text() or None, "tool_calls": calls})
+        elif role == "tool":
+            field = f"messages[{i}].tool_call_id"
+            if not m.tool_call_id:
+                raise RequestError(f"{field} is required for a tool message", field)
+            if m.tool_call_id not in calls_made:
+                raise RequestError(
+                    f"{field} {m.tool_call_id!r} matches no tool call of an earlier message",
+                    field,
+                )
+            name = calls_made[m.tool_call_id]
+            out.append(
+                {"role": "tool", "tool_call_id": m.tool_call_id, "name": name, "content": m.text()}
+            )
+        else:
+            out.append({"role": role, "content": m.text()})
+    return out
+
+
+# -- responses --------------------------------------------------------------------------------
+
+
+def finish_reason(reason: FinishReason, called: bool = False) -> str:
+    if called:
+        return "tool_calls"
+    return "length" if reason is FinishReason.LENGTH else "stop"
+
+
+def usage(num_prompt: int, num_output: int) -> dict:
+    return {
+        "prompt_tokens": num_prompt,
+        "completion_tokens": num_output,
+        "total_tokens": num_prompt + num_output,
+    }
+
+
+class LogprobFormatter:
+    """Token logprobs as OpenAI shows them: chat's `content` list and the text completion's
+    parallel lists."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def _token(self, token_id: int) -> tuple[str, list[int]]:
+        raw = self.engine.grammars.token_bytes(token_id)
+        return raw.decode("utf-8", errors="replace"), list(raw)
+
+    def chat(self, logprobs: list[TokenLogprob] | tuple[TokenLogprob, ...]) -> dict:
+        content = []
+        for lp in logprobs:
+            text, raw = self._token(lp.token_id)
+            top = []
+            for tid, value in lp.top:
+                t, b = self._token(tid)
+                top.append({"token": t, "logprob": value, "bytes": b})
+            content.append(
+                {"token": text, "logprob": lp.logprob, "bytes": raw, "top_logprobs": top}
+            )
+        return {"content": content, "refusal": None}
+
+    def completion(self, logprobs, text_offset: int = 0) -> dict:
+        tokens, values, tops, offsets = [], [], [], []
+        for lp in logprobs:
+            text, _ = self._token(lp.token_id)
+            tokens.append(text)
+            values.append(lp.logprob)
+            tops.append({self._token(tid)[0]: v for tid, v in lp.top})
+            offsets.append(text_offset)
+            text_offset += len(text)
+        return {
+            "tokens": tokens,
+            "token_logprobs": values,
+            "top_logprobs": tops,
+            "text_offset": offsets,
+        }
+
+
+def reply_message(text: str, parser: ToolCallParser | None) -> tuple[dict, bool]:
+    """The assistant message of a whole reply, and whether it called tools."""
+    if parser is None:
+        return {"role": "assistant", "content": text}, False
+    events = parser.feed(text) + parser.finish()
+    content = "".join(e.text for e in events if isinstance(e, TextDelta))
+    if not parser.calls:
+        return {"role": "assistant", "content": content}, False
+    message: dict = {
+        "role": "assistant",
+        "content": content if content.strip() else None,
+        "tool_calls": [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in parser.calls
+        ],
+    }
+    return message, True
+
+
+def delta_of(events: list[TextDelta | CallDelta]) -> dict:
+    """One stream chunk's delta for a batch of parser events."""
+    delta: dict = {}
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    if text:
+        delta["content"] = text
+    calls = []
+    for e in events:
+        if not isinstance(e, CallDelta):
+            continue
+        if e.id is not None:
+            calls.append(
+                {
+                    "index": e.index,
+                    "id": e.id,
+                    "type": "function",
+                    "function": {"name": e.name, "arguments": e.arguments},
+                }
+            )
+        elif calls and calls[-1]["index"] == e.index:
+            calls[-1]["function"]["arguments"] += e.arguments
+        else:
+            calls.append({"index": e.index, "function": {"arguments": e.arguments}})
+    if calls:
+        delta["tool_calls"] = calls
+    return delta
