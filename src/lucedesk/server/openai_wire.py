@@ -250,7 +250,10 @@ class LogprobFormatter:
             text, _ = self._token(lp.token_id)
             tokens.append(text)
             values.append(lp.logprob)
-            tops.append({self._token(tid)[0]: v for tid, v in lp.top})
+            top: dict[str, float] = {}
+            for tid, v in lp.top:  # tokens of equal text share a key: the likelier one stays
+                top.setdefault(self._token(tid)[0], v)
+            tops.append(top)
             offsets.append(text_offset)
             text_offset += len(text)
         return {

@@ -1,0 +1,204 @@
+"""Tool-call formats: each family's parser on whole and cut text, and its grammar on text."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import llguidance
+import pytest
+
+from lucedesk.engine import CallDelta, TextDelta, Tool, ToolChoice
+from lucedesk.engine.grammar import GrammarCompiler
+from lucedesk.engine.models.loader import load_model
+from lucedesk.engine.tool_calls import ToolCall, ToolFormat, detect_family
+from lucedesk.engine.tool_parser import parse_all
+
+HERMES = (
+    "Let me look that up.\n"
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris \\"}{\\" Nord", '
+    '"days": [1, {"x": "]"}]}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+)
+LLAMA3 = '{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "get_time", "parameters": {}}'
+CASES = [
+    (
+        "hermes",
+        HERMES,
+        "Let me look that up.\n",
+        [
+            ("get_weather", '{"city": "Paris \\"}{\\" Nord", "days": [1, {"x": "]"}]}'),
+            ("get_time", "{}"),
+        ],
+    ),
+    (
+        "hermes",
+        "plain text with < and <tool and <tool_cal",
+        "plain text with < and <tool and <tool_cal",
+        [],
+    ),
+    (
+        "hermes",
+        '<tool_call>\n{"arguments": {"a": 1}, "name": "f"}\n</tool_call>',
+        "",
+        [("f", '{"a": 1}')],
+    ),
+    ("hermes", "<tool_call> not json", "<tool_call> not json", []),
+    (
+        "hermes",
+        'ok <tool_call>\n{"name": "f", "arguments": {"a": [1, 2',
+        "ok ",
+        [("f", '{"a": [1, 2')],
+    ),
+    (
+        "generic",
+        '<tool_call>\n{"name": "f", "arguments": {"q": "日本語 🙂"}}\n</tool_call>',
+        "",
+        [("f", '{"q": "日本語 🙂"}')],
+    ),
+    ("llama3", LLAMA3, "", [("get_weather", '{"city": "Paris"}'), ("get_time", "{}")]),
+    ("llama3", "  The answer is {not a call}", "  The answer is {not a call}", []),
+]
+
+
+def events_text_and_args(events):
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    args: dict[int, str] = {}
+    names: dict[int, str] = {}
+    for e in events:
+        if isinstance(e, CallDelta):
+            args[e.index] = args.get(e.index, "") + e.arguments
+            if e.name is not None:
+                assert e.index not in names, "a call's name is sent once"
+                names[e.index] = e.name
+    return text, [(names[i], args[i]) for i in sorted(args)]
+
+
+@pytest.mark.parametrize(("family", "text", "content", "calls"), CASES)
+def test_parser_whole_text(family, text, content, calls):
+    got_content, got_calls = parse_all(ToolFormat(family).parser(), text)
+    assert got_content == content
+    assert [(c.name, c.arguments) for c in got_calls] == calls
+    assert all(c.id.startswith("call_") for c in got_calls)
+    assert len({c.id for c in got_calls}) == len(got_calls)
+
+
+@pytest.mark.parametrize(("family", "text", "content", "calls"), CASES)
+def test_parser_stream_cut_anywhere_gives_the_same(family, text, content, calls):
+    cuts = [[i] for i in range(1, len(text))]
+    rng = random.Random(0)
+    cuts += [sorted(rng.sample(range(1, len(text)), 3)) for _ in range(30)]
+    cuts.append(list(range(1, len(text))))  # one character at a time
+    for points in cuts:
+        parser = ToolFormat(family).parser()
+        pieces = [text[a:b] for a, b in zip([0, *points], [*points, len(text)])]
+        events = [e for p in pieces for e in parser.feed(p)] + parser.finish()
+        assert events_text_and_args(events) == (content, calls), points
+        assert [(c.name, c.arguments) for c in parser.calls] == calls
+
+
+def test_detect_family_from_template_text():
+    assert detect_family("{% if tools %}<tool_call>{{ tools }}{% endif %}") == "hermes"
+    assert detect_family("{{ '<|python_tag|>' }}") == "llama3"
+    assert detect_family("{% for m in messages %}{{ m.content }}{% endfor %}") == "generic"
+    assert detect_family(None) == "generic"
+
+
+def test_generic_format_describes_tools_and_renders_calls_and_results():
+    tools = [Tool("get_weather", "Weather now", {"type": "object", "properties": {}})]
+    call = ToolCall("call_1", "get_weather", '{"city": "Paris"}')
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "sunny"},
+    ]
+    out, template_tools = ToolFormat("generic").render_messages(messages, tools)
+    assert template_tools == []
+    assert [m["role"] for m in out] == ["system", "user", "assistant", "user"]
+    assert out[0]["content"].startswith("Be brief.\n\nYou can call tools.")
+    assert '"name": "get_weather"' in out[0]["content"]
+    assert out[2]["content"] == (
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    )
+    assert out[3]["content"] == "<tool_response>\nsunny\n</tool_response>"
+
+
+def test_native_format_hands_the_template_objects():
+    call = ToolCall("call_1", "f", '{"a": 1}')
+    out, template_tools = ToolFormat("hermes").render_messages(
+        [{"role": "assistant", "content": None, "tool_calls": [call]}], [Tool("f")]
+    )
+    assert out[0]["tool_calls"][0]["function"] == {"name": "f", "arguments": {"a": 1}}
+    assert template_tools[0]["function"]["name"] == "f"
+
+
+# -- grammars: what each accepts, fed the tiny model's own tokens -----------------------------
+
+WEATHER = Tool(
+    "get_weather",
+    "",
+    {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+)
+TIME = Tool("get_time", "", {"type": "object", "properties": {}, "additionalProperties": False})
+
+
+@pytest.fixture(scope="module")
+def compiler(tiny_llama):
+    tok = load_model(tiny_llama).tokenizer
+    return GrammarCompiler(tok, tok.vocab_size)
+
+
+def accepts(compiler, grammar, text: str) -> bool:
+    matcher = llguidance.LLMatcher(compiler.ll_tokenizer, compiler.check(grammar), log_level=0)
+    ids = compiler.tokenizer.encode(text, add_special_tokens=False)
+    return matcher.consume_tokens(ids) and not matcher.is_error() and matcher.is_accepting()
+
+
+def hermes_call(name: str, args: dict) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>"
+
+
+@pytest.mark.parametrize("family", ["hermes", "generic"])
+def test_marker_grammars(compiler, family):
+    fmt, tools = ToolFormat(family), [WEATHER, TIME]
+    auto = fmt.grammar(tools, ToolChoice("auto"))
+    required = fmt.grammar(tools, ToolChoice("required"))
+    named = fmt.grammar(tools, ToolChoice("function", "get_time"))
+    single = fmt.grammar(tools, ToolChoice("required"), parallel=False)
+    one = hermes_call("get_weather", {"city": "Paris"})
+    two = one + "\n" + hermes_call("get_time", {})
+    assert accepts(compiler, auto, "Just text, no call.")
+    assert accepts(compiler, auto, "Checking.\n" + one)
+    assert not accepts(compiler, auto, "Checking.\n<tool_call>\nnot json")
+    assert not accepts(compiler, auto, hermes_call("get_weather", {"town": "Paris"}))
+    assert accepts(compiler, required, two)
+    assert not accepts(compiler, required, "Checking.\n" + one)
+    assert accepts(compiler, single, one) and not accepts(compiler, single, two)
+    assert accepts(compiler, named, hermes_call("get_time", {}))
+    assert not accepts(compiler, named, one)
+    assert fmt.grammar(tools, ToolChoice("none")) is None
+
+
+def test_llama3_grammar(compiler):
+    fmt, tools = ToolFormat("llama3"), [WEATHER, TIME]
+    call = json.dumps({"name": "get_weather", "parameters": {"city": "Paris"}})
+    auto = fmt.grammar(tools, ToolChoice("auto"))
+    assert accepts(compiler, auto, "It is sunny.")
+    assert accepts(compiler, auto, call)
+    assert accepts(compiler, auto, call + "; " + json.dumps({"name": "get_time", "parameters": {}}))
+    assert not accepts(compiler, auto, '{"name": "nope", "parameters": {}}')
+    assert not accepts(compiler, fmt.grammar(tools, ToolChoice("required")), "It is sunny.")
+
+
+def test_response_format_with_tools_constrains_the_answer_too(compiler):
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    grammar = ToolFormat("hermes").grammar([WEATHER], ToolChoice("auto"), text_schema=schema)
+    assert accepts(compiler, grammar, '{"a": 3}')
+    assert accepts(compiler, grammar, hermes_call("get_weather", {"city": "Oslo"}))
+    assert not accepts(compiler, grammar, "free text")
