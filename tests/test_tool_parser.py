@@ -44,6 +44,7 @@ CASES = [
         [("f", '{"a": 1}')],
     ),
     ("hermes", "<tool_call> not json", "<tool_call> not json", []),
+    ("hermes", 'Done.\n<tool_call>\n{"nam', "Done.\n", []),
     (
         "hermes",
         'ok <tool_call>\n{"name": "f", "arguments": {"a": [1, 2',

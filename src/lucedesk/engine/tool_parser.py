@@ -142,15 +142,13 @@ class ToolCallParser:
 
     def finish(self) -> list[TextDelta | CallDelta]:
         """Whatever is held back at the end. A cut-off call whose name is known stays a call
-        (its arguments incomplete); a cut-off envelope without one is text."""
+        (its arguments incomplete); one cut off before its name is dropped: it was no text
+        (its marker or opening brace already began a call)."""
         events: list[TextDelta | CallDelta] = []
-        env = self._envelope
-        if env is not None and self._call is not None:
-            self._stream_arguments(env, events)
+        if self._envelope is not None and self._call is not None:
+            self._stream_arguments(self._envelope, events)
             self.calls.append(self._call)
-        elif env is not None:
-            events.append(TextDelta((self.open_marker or "") + env.text + self._buffer))
-        elif self._state != "after":
+        elif self._state in ("text", "start"):
             events.append(TextDelta(self._buffer))
         self._buffer, self._envelope, self._call = "", None, None
         return _merge(events)

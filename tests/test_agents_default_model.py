@@ -1,0 +1,194 @@
+"""Agents against a real `lucedesk serve` process on the default model: the openai client's
+tool calls and JSON schema output, and pydantic-ai's agent loop run to its final answer."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+pytestmark = pytest.mark.default_model
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 40}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+ASK = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def serve(default_model, tmp_path_factory):
+    port = free_port()
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "lucedesk",
+                "serve",
+                "--model",
+                str(default_model),
+                "--port",
+                str(port),
+                "--set",
+                "max_slots=4",
+                "--set",
+                "kv_pool_tokens=16384",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None, log.read_text()
+        time.sleep(0.2)
+    else:
+        proc.kill()
+        raise AssertionError("lucedesk serve did not start:\n" + log.read_text())
+    yield url
+    proc.terminate()
+    proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def client(serve):
+    return openai.OpenAI(base_url=serve + "/v1", api_key="unused", max_retries=0)
+
+
+def model_id(client) -> str:
+    return client.models.list().data[0].id
+
+
+def test_required_tool_call_then_the_result_is_answered(client):
+    kwargs = dict(
+        model=model_id(client),
+        messages=ASK,
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=80,
+        temperature=0,
+    )
+    r = client.chat.completions.create(**kwargs)
+    assert r.choices[0].finish_reason == "tool_calls"
+    call = r.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather"
+    args = json.loads(call.function.arguments)
+    jsonschema.validate(args, WEATHER["function"]["parameters"])
+    assert "paris" in args["city"].lower()
+
+    streamed = {"name": None, "arguments": ""}
+    for chunk in client.chat.completions.create(**kwargs, stream=True):
+        for tc in chunk.choices[0].delta.tool_calls or [] if chunk.choices else []:
+            streamed["name"] = streamed["name"] or tc.function.name
+            streamed["arguments"] += tc.function.arguments or ""
+    assert streamed == {"name": "get_weather", "arguments": call.function.arguments}
+
+    answer = client.chat.completions.create(
+        model=model_id(client),
+        messages=[
+            *ASK,
+            {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 24 degrees Celsius."},
+        ],
+        tools=[WEATHER],
+        max_tokens=60,
+        temperature=0,
+    )
+    text = answer.choices[0].message.content
+    assert answer.choices[0].finish_reason == "stop" and text
+    assert "24" in text or "sunny" in text.lower()
+
+
+def test_json_schema_output_validates(client):
+    schema = {
+        "type": "object",
+        "properties": {
+            "country": {"type": "string", "maxLength": 30},
+            "capital": {"type": "string", "maxLength": 30},
+        },
+        "required": ["country", "capital"],
+        "additionalProperties": False,
+    }
+    r = client.chat.completions.create(
+        model=model_id(client),
+        messages=[{"role": "user", "content": "What is the capital of France? Reply in JSON."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+        max_tokens=60,
+        temperature=0,
+    )
+    assert r.choices[0].finish_reason == "stop"
+    data = json.loads(r.choices[0].message.content)
+    jsonschema.validate(data, schema)
+    assert data["capital"] == "Paris"
+
+
+def test_pydantic_ai_agent_runs_its_tool_loop(serve, client):
+    """pydantic-ai's own loop: its structured output makes every turn a forced tool call
+    (the weather tool or its `final_result` tool); the weather tool offers itself once, so
+    the run goes call -> result -> final answer built from that result."""
+    from pydantic import BaseModel
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+    from pydantic_ai.usage import UsageLimits
+
+    class Weather(BaseModel):
+        city: str
+        summary: str
+
+    model = OpenAIChatModel(
+        model_id(client), provider=OpenAIProvider(base_url=serve + "/v1", api_key="unused")
+    )
+    agent = Agent(model, output_type=Weather, model_settings={"temperature": 0, "max_tokens": 100})
+    looked_up: list[str] = []
+
+    async def until_used(ctx, tool_def):
+        return None if looked_up else tool_def
+
+    @agent.tool_plain(prepare=until_used)
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        looked_up.append(city)
+        return "Sunny, 24 degrees Celsius."
+
+    result = agent.run_sync(
+        "What is the weather in Paris? Look it up.", usage_limits=UsageLimits(request_limit=4)
+    )
+    assert looked_up and "paris" in looked_up[0].lower()
+    assert result.output.city == "Paris"
+    assert "24" in result.output.summary or "sunny" in result.output.summary.lower()
+    texts = [p.content for m in result.all_messages() for p in m.parts if p.part_kind == "text"]
+    assert not any("<tool_call>" in t for t in texts), texts
