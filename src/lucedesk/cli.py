@@ -118,6 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--slo-ttft", type=float, default=None, help="goodput SLO, seconds")
     bench.add_argument("--slo-tpot", type=float, default=None, help="goodput SLO, seconds")
     bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument(
+        "--response-format",
+        default=None,
+        help="constrain every reply: json_object, or a file holding a JSON schema",
+    )
     bench.add_argument("--json", default=None, help="write the results to this file")
     bench.add_argument("--plot", default=None, help="PNG of output tok/s against TTFT p99")
     bench.add_argument(

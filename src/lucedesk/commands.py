@@ -99,13 +99,22 @@ def bench(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--concurrency {args.concurrency!r}: expected numbers like 1,2,4"
         ) from None
+    from lucedesk.bench.online import response_format
+    from lucedesk.engine import Grammar, SamplingParams
+
     input_len, output_len = length_range(args.input_len), length_range(args.output_len)
+    fmt = response_format(args.response_format)
+    grammar = None
+    if fmt is not None:
+        schema = fmt["json_schema"]["schema"] if "json_schema" in fmt else {"type": "object"}
+        grammar = Grammar.json_schema(schema)
     built = build_from_args(args)
     engine = built.engine
     try:
         say(
             f"offline bench: {args.num_requests} requests per level, prompt {args.input_len}, "
             f"output {args.output_len}, ignore_eos, closed loop"
+            + (f", response format {args.response_format}" if grammar else "")
         )
         results = run_offline(
             engine,
@@ -115,6 +124,7 @@ def bench(args: argparse.Namespace) -> int:
             output_len,
             args.seed,
             log=say,
+            params=SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, grammar=grammar),
         )
     finally:
         engine.shutdown()

@@ -77,6 +77,7 @@ def run_offline(
     output_len: int | tuple[int, int],
     seed: int = 0,
     log: Callable[[str], None] = print,
+    params: SamplingParams | None = None,
 ) -> list[tuple[int, Summary]]:
     """Each level runs the same kind of load: `num_requests` prompts of `input_len` tokens
     (or drawn from a (MIN, MAX) range), `output_len` output tokens (likewise), ignore_eos."""
@@ -88,7 +89,7 @@ def run_offline(
         prompts = random_prompts(engine, num_requests, input_len, seed + c)
         rng = random.Random(seed + c)
         lengths = [rng.randint(out_lo, out_hi) for _ in prompts]
-        records, duration = closed_loop(engine, prompts, lengths, c)
+        records, duration = closed_loop(engine, prompts, lengths, c, params)
         summary = summarize(records, duration)
         results.append((c, summary))
         log(

@@ -53,6 +53,19 @@ def random_words(rng: random.Random, count: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(count))
 
 
+def response_format(spec: str | None) -> dict | None:
+    """`--response-format`: `json_object`, or a file holding a JSON schema."""
+    if not spec:
+        return None
+    if spec == "json_object":
+        return {"type": "json_object"}
+    try:
+        schema = json.loads(Path(spec).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--response-format {spec}: not a readable JSON schema ({exc})") from None
+    return {"type": "json_schema", "json_schema": {"name": Path(spec).stem, "schema": schema}}
+
+
 def make_workload(args: argparse.Namespace, count: int, seed: int) -> Workload:
     """Prompts of about `input_len` tokens (one common word is about one token), distinct
     per request so no two share a prefix by accident; or a JSONL file; or shared-prefix."""
@@ -84,7 +97,14 @@ def make_workload(args: argparse.Namespace, count: int, seed: int) -> Workload:
 
 
 class Client:
-    def __init__(self, base_url: str, model: str | None, api_key: str | None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None,
+        api_key: str | None,
+        response_format: dict | None = None,
+    ) -> None:
+        self.response_format = response_format
         self.base = base_url.rstrip("/")
         if not self.base.endswith("/v1"):
             self.base += "/v1"
@@ -121,6 +141,8 @@ class Client:
             "ignore_eos": True,
             "stream_options": {"include_usage": True},
         }
+        if self.response_format is not None:
+            body["response_format"] = self.response_format
         rec = RequestRecord(time.perf_counter(), expected_output_tokens=output_len)
         try:
             async with self.http.stream("POST", self.base + "/completions", json=body) as r:
@@ -203,7 +225,8 @@ async def open_loop(
 
 
 async def run_levels(args: argparse.Namespace, base_url: str) -> dict:
-    client = Client(base_url, args.model, args.api_key or os.environ.get("LUCEDESK_API_KEY"))
+    fmt = response_format(getattr(args, "response_format", None))
+    client = Client(base_url, args.model, args.api_key or os.environ.get("LUCEDESK_API_KEY"), fmt)
     try:
         model = await client.resolve_model()
         warm = make_workload(args, args.warmup, args.seed + 10_000)
@@ -239,6 +262,7 @@ async def run_levels(args: argparse.Namespace, base_url: str) -> dict:
             "warmup": args.warmup,
             "slo_ttft": args.slo_ttft,
             "slo_tpot": args.slo_tpot,
+            "response_format": fmt,
         },
         "machine": {
             "platform": platform.platform(),
