@@ -113,6 +113,7 @@ def test_generic_format_describes_tools_and_renders_calls_and_results():
         {"role": "user", "content": "Weather?"},
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "warm"},
     ]
     out, template_tools = ToolFormat("generic").render_messages(messages, tools)
     assert template_tools == []
@@ -122,7 +123,9 @@ def test_generic_format_describes_tools_and_renders_calls_and_results():
     assert out[2]["content"] == (
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
     )
-    assert out[3]["content"] == "<tool_response>\nsunny\n</tool_response>"
+    assert out[3]["content"] == (  # consecutive results: one user turn
+        "<tool_response>\nsunny\n</tool_response>\n<tool_response>\nwarm\n</tool_response>"
+    )
 
 
 def test_native_format_hands_the_template_objects():

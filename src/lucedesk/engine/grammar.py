@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -80,6 +81,9 @@ class GrammarCompiler:
         self.vocab_size = vocab_size  # the width of the model's logits (may exceed the vocab)
         self._lock = threading.Lock()
         self._ll_tokenizer: llguidance.LLTokenizer | None = None
+        # Grammars already validated: an agent sends the same tools every turn, and a
+        # chat's grammar is checked at encoding and compiled again at submission.
+        self._checked: OrderedDict[tuple[str, str], str] = OrderedDict()
 
     @property
     def ll_tokenizer(self) -> llguidance.LLTokenizer:
@@ -98,11 +102,20 @@ class GrammarCompiler:
         """The llguidance grammar for `grammar`; raises RequestError naming its field."""
         import llguidance
 
+        key = (grammar.kind, grammar.source)
+        with self._lock:
+            if key in self._checked:
+                self._checked.move_to_end(key)
+                return self._checked[key]
         compiled = grammar.to_llguidance()
         message = llguidance.LLMatcher.validate_grammar(compiled, self.ll_tokenizer)
         if message and not message.startswith("WARNING"):
             first = message.strip().splitlines()[0]
             raise RequestError(f"{grammar.field}: cannot be compiled ({first})", grammar.field)
+        with self._lock:
+            self._checked[key] = compiled
+            if len(self._checked) > 256:
+                self._checked.popitem(last=False)
         return compiled
 
     def matcher(self, grammar: Grammar) -> llguidance.LLMatcher:

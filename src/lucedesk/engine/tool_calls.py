@@ -94,21 +94,23 @@ class ToolFormat:
             native = [_native_message(m) for m in messages]
             return native, [_openai_tool(t) for t in tools]
         out: list[dict] = []
+        results: dict | None = None  # the user turn collecting consecutive tool results
         for m in messages:
             if m["role"] == "tool":
                 block = f"<tool_response>\n{m['content']}\n</tool_response>"
-                if out and out[-1].get("tool_results"):
-                    out[-1]["content"] += "\n" + block
+                if results is None:
+                    results = {"role": "user", "content": block}
+                    out.append(results)
                 else:
-                    out.append({"role": "user", "content": block, "tool_results": True})
-            elif m["role"] == "assistant" and m.get("tool_calls"):
+                    results["content"] += "\n" + block
+                continue
+            results = None
+            if m["role"] == "assistant" and m.get("tool_calls"):
                 blocks = [_hermes_block(c) for c in m["tool_calls"]]
                 text = "\n".join(([m["content"]] if m.get("content") else []) + blocks)
                 out.append({"role": "assistant", "content": text})
             else:
                 out.append(dict(m))
-        for m in out:
-            m.pop("tool_results", None)
         if tools:
             listing = "\n".join(
                 json.dumps(
