@@ -20,7 +20,10 @@ HERMES = (
     '"days": [1, {"x": "]"}]}}\n</tool_call>\n'
     '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
 )
-LLAMA3 = '{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "get_time", "parameters": {}}'
+LLAMA3 = (
+    '{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+    '{"name": "get_time", "parameters": {}}'
+)
 CASES = [
     (
         "hermes",
