@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
@@ -143,3 +147,53 @@ def has_cpp_compiler() -> bool:
 requires_cpu_kernels = pytest.mark.skipif(
     not has_cpp_compiler(), reason="no C++ compiler for the CPU kernels"
 )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def serve(default_model, tmp_path_factory):
+    """A real `lucedesk serve` process on the default model (4 slots), for protocol clients."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "lucedesk",
+                "serve",
+                "--model",
+                str(default_model),
+                "--port",
+                str(port),
+                "--set",
+                "max_slots=4",
+                "--set",
+                "kv_pool_tokens=16384",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None, log.read_text()
+        time.sleep(0.2)
+    else:
+        proc.kill()
+        raise AssertionError("lucedesk serve did not start:\n" + log.read_text())
+    yield url
+    proc.terminate()
+    proc.wait(30)

@@ -4,13 +4,7 @@ tool calls and JSON schema output, and pydantic-ai's agent loop run to its final
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
 
-import httpx
 import jsonschema
 import openai
 import pytest
@@ -31,55 +25,6 @@ WEATHER = {
     },
 }
 ASK = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def serve(default_model, tmp_path_factory):
-    port = free_port()
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "lucedesk",
-                "serve",
-                "--model",
-                str(default_model),
-                "--port",
-                str(port),
-                "--set",
-                "max_slots=4",
-                "--set",
-                "kv_pool_tokens=16384",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None, log.read_text()
-        time.sleep(0.2)
-    else:
-        proc.kill()
-        raise AssertionError("lucedesk serve did not start:\n" + log.read_text())
-    yield url
-    proc.terminate()
-    proc.wait(30)
 
 
 @pytest.fixture(scope="module")

@@ -244,7 +244,7 @@ BAD_BODIES = [
     ({"messages": [{"role": "user", "content": "x"}], "top_p": 0}, 400, "top_p"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "role"),
     ({"messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n"),
-    ({"messages": [{"role": "user", "content": "x"}], "model": "gpt-9"}, 400, "model"),
+    ({"messages": [{"role": "user", "content": "x"}], "model": "gpt-9"}, 404, "model"),
     ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5000}, 400, "max_tokens"),
     (
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},

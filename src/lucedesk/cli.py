@@ -70,7 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--api-key", default=None, help="require this bearer key (or set LUCEDESK_API_KEY)"
     )
-    serve.add_argument("--served-model-name", default=None, help="model id shown to clients")
+    serve.add_argument(
+        "--served-model-name",
+        action="append",
+        default=[],
+        help="a name the model answers to (repeatable; the first is the id shown to clients); "
+        "it also answers to its own id and to 'default'",
+    )
 
     prof = sub.add_parser("profiles", help="list hardware profiles and the resolved settings")
     _engine_args(prof)

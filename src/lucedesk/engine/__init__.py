@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lucedesk.engine.engine import Engine, QueueFullError
+from lucedesk.engine.engine import Engine, ModelInfo, QueueFullError
 from lucedesk.engine.grammar import Grammar
 from lucedesk.engine.handle import Completion, RequestHandle, RequestOutput, TokenLogprob
 from lucedesk.engine.models.chat import ChatPrompt
@@ -40,6 +40,7 @@ __all__ = [
     "FinishReason",
     "Grammar",
     "HistogramSnapshot",
+    "ModelInfo",
     "QueueFullError",
     "RequestError",
     "RequestHandle",

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from lucedesk.config import EngineConfig
-from lucedesk.engine.engine import Engine
+from lucedesk.engine.engine import Engine, ModelInfo
 from lucedesk.engine.models.llama import LlamaModel, ModelConfig
 from lucedesk.engine.models.loader import LoadedModel, load_model
 from lucedesk.engine.runner import TorchSeqEngine
@@ -161,6 +161,13 @@ def assemble(loaded: LoadedModel, config: EngineConfig, device: torch.device) ->
     runner = TorchSeqEngine(model, num_blocks, config.block_size, kernels, device)
     scheduler = Scheduler(config, num_blocks, max_len)
     engine = Engine(runner, scheduler, loaded.tokenizer, loaded.name, config.max_waiting)
+    engine.model_info = ModelInfo(
+        loaded.name,
+        str(loaded.path),
+        loaded.config.architecture,
+        loaded.quantization,
+        max_len,
+    )
     log.info(
         "engine: %s on %s (%s, %s weights), %d slots, KV pool %d tokens (%d MiB), %s kernels",
         loaded.name,

@@ -41,6 +41,17 @@ class _Stream:
     logprobs: list[TokenLogprob] = field(default_factory=list)  # per output token, if asked
 
 
+@dataclass(slots=True, frozen=True)
+class ModelInfo:
+    """What clients are told about the loaded model."""
+
+    name: str
+    path: str = ""
+    architecture: str = ""
+    quantization: str = ""
+    context_length: int = 0
+
+
 class Engine:
     def __init__(
         self,
@@ -54,6 +65,7 @@ class Engine:
         self.scheduler = scheduler
         self.tokenizer = tokenizer
         self.model_name = model_name
+        self.model_info = ModelInfo(model_name, context_length=scheduler.max_model_len)
         self.max_waiting = max_waiting
         self.max_model_len = scheduler.max_model_len
         self.grammars = GrammarCompiler(

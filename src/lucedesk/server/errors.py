@@ -1,4 +1,10 @@
-"""Errors in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+"""Errors, each answered in its route's own protocol's shape:
+
+OpenAI (/v1/chat, /v1/completions, /v1/responses, the rest):
+    {"error": {"message", "type", "param", "code"}}
+Anthropic (/v1/messages): {"type": "error", "error": {"type", "message"}}
+Ollama (/api/...): {"error": "message"}
+"""
 
 from __future__ import annotations
 
@@ -32,11 +38,32 @@ def error_body(message: str, kind: str, param: str | None = None, code: str | No
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def error_response(exc: APIError) -> JSONResponse:
+ANTHROPIC_KINDS = {
+    "server_error": "api_error",
+    "server_busy": "overloaded_error",
+}
+
+
+def protocol_of(path: str) -> str:
+    if path.startswith("/v1/messages"):
+        return "anthropic"
+    if path.startswith("/api/"):
+        return "ollama"
+    return "openai"
+
+
+def body_for(protocol: str, exc: APIError) -> dict:
+    if protocol == "anthropic":
+        kind = ANTHROPIC_KINDS.get(exc.kind, exc.kind)
+        return {"type": "error", "error": {"type": kind, "message": exc.message}}
+    if protocol == "ollama":
+        return {"error": exc.message}
+    return error_body(exc.message, exc.kind, exc.param, str(exc.status))
+
+
+def error_response(exc: APIError, path: str = "") -> JSONResponse:
     return JSONResponse(
-        error_body(exc.message, exc.kind, exc.param, str(exc.status)),
-        status_code=exc.status,
-        headers=exc.headers,
+        body_for(protocol_of(path), exc), status_code=exc.status, headers=exc.headers
     )
 
 
@@ -49,11 +76,11 @@ def from_request_error(exc: RequestError) -> APIError:
 def install(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api(request: Request, exc: APIError):
-        return error_response(exc)
+        return error_response(exc, request.url.path)
 
     @app.exception_handler(RequestError)
     async def _request(request: Request, exc: RequestError):
-        return error_response(from_request_error(exc))
+        return error_response(from_request_error(exc), request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
@@ -63,15 +90,18 @@ def install(app: FastAPI) -> None:
         message = first.get("msg", "invalid request body")
         if param:
             message = f"{param}: {message}"
-        return error_response(APIError(400, message, param))
+        return error_response(APIError(400, message, param), request.url.path)
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return error_response(APIError(exc.status_code, str(exc.detail), kind=kind))
+        return error_response(
+            APIError(exc.status_code, str(exc.detail), kind=kind), request.url.path
+        )
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):
         # Logged with its traceback here; the client gets a message, never the traceback.
         log.exception("unhandled error in %s %s", request.method, request.url.path)
-        return error_response(APIError(500, "internal server error", kind="server_error"))
+        error = APIError(500, "internal server error", kind="server_error")
+        return error_response(error, request.url.path)

@@ -13,14 +13,11 @@ from lucedesk.engine import (
     MAX_TOP_LOGPROBS,
     CallDelta,
     Engine,
-    FinishReason,
     Grammar,
     RequestError,
-    TextDelta,
     TokenLogprob,
     Tool,
     ToolCall,
-    ToolCallParser,
     ToolChoice,
 )
 
@@ -206,12 +203,6 @@ def messages_of(body: ChatCompletionRequest) -> list[dict]:
 # -- responses --------------------------------------------------------------------------------
 
 
-def finish_reason(reason: FinishReason, called: bool = False) -> str:
-    if called:
-        return "tool_calls"
-    return "length" if reason is FinishReason.LENGTH else "stop"
-
-
 def usage(num_prompt: int, num_output: int) -> dict:
     return {
         "prompt_tokens": num_prompt,
@@ -264,48 +255,27 @@ class LogprobFormatter:
         }
 
 
-def reply_message(text: str, parser: ToolCallParser | None) -> tuple[dict, bool]:
-    """The assistant message of a whole reply, and whether it called tools."""
-    if parser is None:
-        return {"role": "assistant", "content": text}, False
-    events = parser.feed(text) + parser.finish()
-    content = "".join(e.text for e in events if isinstance(e, TextDelta))
-    if not parser.calls:
-        return {"role": "assistant", "content": content}, False
-    message: dict = {
+def message_of(content: str, calls: list[ToolCall]) -> dict:
+    """The assistant message of a whole reply: content (None when only calls were made and
+    nothing but whitespace surrounds them) and tool_calls."""
+    if not calls:
+        return {"role": "assistant", "content": content}
+    return {
         "role": "assistant",
         "content": content if content.strip() else None,
         "tool_calls": [
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in parser.calls
+            for c in calls
         ],
     }
-    return message, True
 
 
-def delta_of(events: list[TextDelta | CallDelta]) -> dict:
-    """One stream chunk's delta for a batch of parser events."""
-    delta: dict = {}
-    text = "".join(e.text for e in events if isinstance(e, TextDelta))
-    if text:
-        delta["content"] = text
-    calls = []
-    for e in events:
-        if not isinstance(e, CallDelta):
-            continue
-        if e.id is not None:
-            calls.append(
-                {
-                    "index": e.index,
-                    "id": e.id,
-                    "type": "function",
-                    "function": {"name": e.name, "arguments": e.arguments},
-                }
-            )
-        elif calls and calls[-1]["index"] == e.index:
-            calls[-1]["function"]["arguments"] += e.arguments
-        else:
-            calls.append({"index": e.index, "function": {"arguments": e.arguments}})
-    if calls:
-        delta["tool_calls"] = calls
-    return delta
+def call_delta(event: CallDelta) -> dict:
+    """A stream chunk's delta for one piece of a call: id, type and name on its first piece,
+    then arguments fragments, each under the call's index."""
+    if event.id is not None:
+        function = {"name": event.name, "arguments": event.arguments}
+        call = {"index": event.index, "id": event.id, "type": "function", "function": function}
+    else:
+        call = {"index": event.index, "function": {"arguments": event.arguments}}
+    return {"tool_calls": [call]}

@@ -28,6 +28,7 @@ class LoadedModel:
     path: Path
     name: str
     load_seconds: float
+    quantization: str = ""  # GGUF file type (Q4_1, F16...) or the folder's torch_dtype
 
 
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> LoadedModel:
@@ -39,18 +40,39 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> LoadedMo
     if path.is_dir():
         config, weights, tokenizer = _read_hf_folder(path)
         name = path.name
+        quantization = _hf_dtype(path)
     elif path.suffix == ".gguf" or _has_gguf_magic(path):
         gguf = GGUFFile(path)
         config = gguf.model_config()
         tokenizer = tok.from_gguf(gguf)
         weights = gguf.weights(config)
         name = path.stem
+        quantization = _gguf_file_type(gguf.get("general.file_type"))
     else:
         raise ModelLoadError(f"{path}: neither a .gguf file nor a Hugging Face folder")
     model = LlamaModel(config, dtype)
     load_weights(model, weights, str(path))
     model.eval()
-    return LoadedModel(model, tokenizer, config, path, name, time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    return LoadedModel(model, tokenizer, config, path, name, seconds, quantization)
+
+
+def _gguf_file_type(value: object) -> str:
+    import gguf
+
+    try:
+        return gguf.LlamaFileType(int(value)).name.removeprefix("MOSTLY_")
+    except (TypeError, ValueError):
+        return ""
+
+
+def _hf_dtype(folder: Path) -> str:
+    import json
+
+    try:
+        return str(json.loads((folder / "config.json").read_text()).get("torch_dtype") or "")
+    except (OSError, ValueError):
+        return ""
 
 
 def _has_gguf_magic(path: Path) -> bool:

@@ -1,0 +1,324 @@
+"""Anthropic Messages: `POST /v1/messages` (with its SSE event sequence) and
+`POST /v1/messages/count_tokens`, what Claude Code and the `anthropic` SDK call."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from lucedesk.engine import CallDelta, RequestError, Tool, ToolCall, ToolChoice
+from lucedesk.server import errors
+from lucedesk.server.chat_turn import TextPiece, TurnEnd, TurnRequest, submit_turn
+from lucedesk.server.errors import APIError
+from lucedesk.server.served import Served, owner_label
+
+TEXT_ONLY = "the loaded model takes text only"
+
+
+class TextBlock(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["text"]
+    text: str
+
+
+class ToolUseBlock(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class ToolResultBlock(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[dict[str, Any]] = ""
+    is_error: bool = False
+
+
+class OtherBlock(BaseModel):
+    """Blocks lucedesk does not serve (images, documents...): refused by name."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+
+
+Block = TextBlock | ToolUseBlock | ToolResultBlock | OtherBlock
+
+
+class Message(BaseModel):
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+
+class ToolSpec(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = None
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+
+
+class ToolChoiceSpec(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool = False
+
+
+class MessagesRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    max_tokens: int = Field(ge=1)
+    messages: list[Message] = Field(min_length=1)
+    system: str | list[TextBlock] | None = None
+    tools: list[ToolSpec] | None = None
+    tool_choice: ToolChoiceSpec | None = None
+    stop_sequences: list[str] | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    stream: bool = False
+
+
+class CountTokensRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    messages: list[Message] = Field(min_length=1)
+    system: str | list[TextBlock] | None = None
+    tools: list[ToolSpec] | None = None
+
+
+# -- requests into engine terms ---------------------------------------------------------------
+
+
+def _result_text(block: ToolResultBlock, field: str) -> str:
+    if isinstance(block.content, str):
+        return block.content
+    parts = []
+    for j, part in enumerate(block.content):
+        if part.get("type") != "text":
+            raise RequestError(f"{field}.content[{j}]: {TEXT_ONLY}", f"{field}.content[{j}]")
+        parts.append(str(part.get("text", "")))
+    return "".join(parts)
+
+
+def messages_of(body: MessagesRequest | CountTokensRequest) -> list[dict]:
+    """The neutral message list; raises RequestError for blocks that are not served and for
+    a tool_result whose tool_use_id matches no earlier tool_use."""
+    out: list[dict] = []
+    if body.system:
+        system = (
+            body.system if isinstance(body.system, str) else "".join(b.text for b in body.system)
+        )
+        out.append({"role": "system", "content": system})
+    calls_made: dict[str, str] = {}
+    for i, m in enumerate(body.messages):
+        blocks = (
+            [TextBlock(type="text", text=m.content)] if isinstance(m.content, str) else m.content
+        )
+        text, calls = [], []
+        for j, block in enumerate(blocks):
+            field = f"messages[{i}].content[{j}]"
+            if isinstance(block, TextBlock):
+                text.append(block.text)
+            elif isinstance(block, ToolUseBlock) and m.role == "assistant":
+                calls_made[block.id] = block.name
+                calls.append(ToolCall(block.id, block.name, json.dumps(block.input)))
+            elif isinstance(block, ToolResultBlock) and m.role == "user":
+                if block.tool_use_id not in calls_made:
+                    raise RequestError(
+                        f"{field}.tool_use_id {block.tool_use_id!r} matches no tool_use of an "
+                        "earlier message",
+                        f"{field}.tool_use_id",
+                    )
+                content = _result_text(block, field)
+                out.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": block.tool_use_id,
+                        "name": calls_made[block.tool_use_id],
+                        "content": f"Error: {content}" if block.is_error else content,
+                    }
+                )
+            elif block.type in ("tool_use", "tool_result"):
+                raise RequestError(
+                    f"{field}: a {block.type} block cannot be in a {m.role} turn", field
+                )
+            else:
+                raise RequestError(f"{field}: {block.type!r} blocks: {TEXT_ONLY}", field)
+        if m.role == "assistant":
+            out.append({"role": "assistant", "content": "".join(text) or None, "tool_calls": calls})
+        elif text or not any(isinstance(b, ToolResultBlock) for b in blocks):
+            out.append({"role": "user", "content": "".join(text)})
+    return out
+
+
+def tools_of(body: MessagesRequest | CountTokensRequest) -> list[Tool]:
+    return [Tool(t.name, t.description or "", t.input_schema) for t in body.tools or []]
+
+
+def tool_choice_of(spec: ToolChoiceSpec | None) -> tuple[ToolChoice, bool]:
+    """(the choice, whether parallel calls are allowed)."""
+    if spec is None:
+        return ToolChoice(), True
+    parallel = not spec.disable_parallel_tool_use
+    if spec.type == "tool":
+        if not spec.name:
+            raise RequestError(
+                "tool_choice.name is required when type is 'tool'", "tool_choice.name"
+            )
+        return ToolChoice("function", spec.name), parallel
+    return ToolChoice({"any": "required"}.get(spec.type, spec.type)), parallel
+
+
+# -- responses --------------------------------------------------------------------------------
+
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+def sse(event: str, data: dict) -> str:
+    return f"event: {event}\ndata: {json.dumps({'type': event, **data}, ensure_ascii=False)}\n\n"
+
+
+def routes(served: Served) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/messages")
+    async def messages(body: MessagesRequest, request: Request):
+        served.check_model(body.model)
+        try:
+            choice, parallel = tool_choice_of(body.tool_choice)
+            turn = submit_turn(
+                served.engine(),
+                TurnRequest(
+                    messages=messages_of(body),
+                    tools=tools_of(body),
+                    tool_choice=choice,
+                    parallel_tool_calls=parallel,
+                    max_tokens=body.max_tokens,
+                    temperature=body.temperature,
+                    top_p=body.top_p,
+                    top_k=body.top_k,
+                    stop=tuple(body.stop_sequences or ()),
+                ),
+                owner_label(request),
+            )
+        except RequestError as exc:
+            raise errors.from_request_error(exc) from None
+        mid = "msg_" + uuid.uuid4().hex[:24]
+        if body.stream:
+            return StreamingResponse(
+                stream(turn, mid, served.model_id),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        done = await turn.complete(request)
+        if done.finish == "error":
+            raise APIError(500, f"generation failed: {done.error}", kind="server_error")
+        content: list[dict] = [{"type": "text", "text": done.text}] if done.text.strip() else []
+        content += [
+            {"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c.arguments)}
+            for c in done.calls
+        ]
+        return JSONResponse(
+            {
+                "id": mid,
+                "type": "message",
+                "role": "assistant",
+                "model": served.model_id,
+                "content": content,
+                "stop_reason": STOP_REASONS[done.finish],
+                "stop_sequence": None,
+                "usage": {
+                    "input_tokens": done.num_prompt_tokens,
+                    "output_tokens": done.num_output_tokens,
+                },
+            }
+        )
+
+    @router.post("/v1/messages/count_tokens")
+    async def count_tokens(body: CountTokensRequest):
+        served.check_model(body.model)
+        try:
+            prompt = served.engine().encode_chat(messages_of(body), tools_of(body))
+        except RequestError as exc:
+            raise errors.from_request_error(exc) from None
+        return {"input_tokens": len(prompt.token_ids)}
+
+    return router
+
+
+def _input(arguments: str) -> dict:
+    """A call's arguments as the object Anthropic's `input` is (a cut-off call: empty)."""
+    try:
+        value = json.loads(arguments)
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+async def stream(turn, mid: str, model: str) -> AsyncIterator[str]:
+    """message_start, ping, then per block content_block_start / _delta / _stop, then
+    message_delta (stop_reason, usage) and message_stop."""
+    yield sse(
+        "message_start",
+        {
+            "message": {
+                "id": mid,
+                "type": "message",
+                "role": "assistant",
+                "model": model,
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {"input_tokens": turn.num_prompt_tokens, "output_tokens": 0},
+            }
+        },
+    )
+    yield sse("ping", {})
+    index = -1
+    open_kind: str | None = None  # "text" or the index of the call whose block is open
+    async for event in turn.events():
+        if isinstance(event, TextPiece) and event.text:
+            if open_kind != "text":
+                if open_kind is not None:
+                    yield sse("content_block_stop", {"index": index})
+                index, open_kind = index + 1, "text"
+                block = {"type": "text", "text": ""}
+                yield sse("content_block_start", {"index": index, "content_block": block})
+            delta = {"type": "text_delta", "text": event.text}
+            yield sse("content_block_delta", {"index": index, "delta": delta})
+        elif isinstance(event, CallDelta):
+            if event.id is not None:
+                if open_kind is not None:
+                    yield sse("content_block_stop", {"index": index})
+                index, open_kind = index + 1, f"call{event.index}"
+                block = {"type": "tool_use", "id": event.id, "name": event.name, "input": {}}
+                yield sse("content_block_start", {"index": index, "content_block": block})
+            if event.arguments:
+                delta = {"type": "input_json_delta", "partial_json": event.arguments}
+                yield sse("content_block_delta", {"index": index, "delta": delta})
+        elif isinstance(event, TurnEnd):
+            if open_kind is not None:
+                yield sse("content_block_stop", {"index": index})
+            if event.finish == "error":
+                error = {"type": "api_error", "message": f"generation failed: {event.error}"}
+                yield sse("error", {"error": error})
+                return
+            yield sse(
+                "message_delta",
+                {
+                    "delta": {"stop_reason": STOP_REASONS[event.finish], "stop_sequence": None},
+                    "usage": {"output_tokens": event.num_output_tokens},
+                },
+            )
+            yield sse("message_stop", {})

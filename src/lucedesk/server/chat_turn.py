@@ -1,0 +1,211 @@
+"""One chat turn, protocol-neutral: the request in engine terms, submitted, and its reply as
+a stream of events (text, tool-call pieces, the end) or as a whole. Every protocol adapter
+translates its wire format into a `TurnRequest` and these events back into its own shape.
+
+    turn = submit_turn(engine, TurnRequest(messages, tools, ...), owner="http:curl")
+    async for event in turn.events(): ...        # TextPiece | CallDelta | TurnEnd
+    result = await turn.complete(request)        # the whole reply; cancels if the client left
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+from fastapi import Request
+
+from lucedesk.engine import (
+    CallDelta,
+    Engine,
+    FinishReason,
+    Grammar,
+    RequestHandle,
+    SamplingParams,
+    TextDelta,
+    TokenLogprob,
+    Tool,
+    ToolCall,
+    ToolCallParser,
+    ToolChoice,
+)
+
+Finish = Literal["stop", "length", "tool_calls", "error"]
+
+
+@dataclass(slots=True)
+class TurnRequest:
+    """A chat turn (`messages` in tool_calls.py's neutral shape) or, with `prompt_ids`, a raw
+    completion of those tokens. Sampling fields left None take the engine's defaults."""
+
+    messages: list[dict] = field(default_factory=list)
+    tools: list[Tool] = field(default_factory=list)
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    parallel_tool_calls: bool = True
+    response_format: Grammar | None = None
+    prompt_ids: list[int] | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    prompt_field: str = "messages"  # named in the error for a prompt that leaves no room
+
+
+@dataclass(slots=True, frozen=True)
+class TextPiece:
+    text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(slots=True, frozen=True)
+class TurnEnd:
+    finish: Finish
+    num_prompt_tokens: int
+    num_output_tokens: int
+    error: str | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()  # of the last delta, not yet handed out
+
+
+TurnEvent = TextPiece | CallDelta | TurnEnd
+
+
+@dataclass(slots=True)
+class TurnResult:
+    text: str
+    calls: list[ToolCall]
+    finish: Finish
+    num_prompt_tokens: int
+    num_output_tokens: int
+    error: str | None
+    logprobs: list[TokenLogprob]
+
+
+def encode(engine: Engine, req: TurnRequest):
+    """The prompt tokens and the reply's parser (None without tools) for `req`; raises
+    RequestError naming the bad field."""
+    if req.prompt_ids is not None:
+        grammar = req.response_format
+        if grammar is not None:
+            engine.grammars.check(grammar)
+        return req.prompt_ids, grammar, None
+    prompt = engine.encode_chat(
+        req.messages, req.tools, req.tool_choice, req.parallel_tool_calls, req.response_format
+    )
+    return prompt.token_ids, prompt.grammar, prompt.parser()
+
+
+def submit_turn(engine: Engine, req: TurnRequest, owner: str) -> Turn:
+    """Encodes and submits; raises RequestError (the adapter answers it in its own shape)."""
+    prompt_ids, grammar, parser = encode(engine, req)
+    params = SamplingParams(
+        max_tokens=engine.output_room(len(prompt_ids), req.max_tokens, req.prompt_field),
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=req.top_k or 0,
+        min_p=req.min_p or 0.0,
+        seed=req.seed,
+        stop=tuple(req.stop),
+        ignore_eos=req.ignore_eos,
+        grammar=grammar,
+        logprobs=req.logprobs,
+    )
+    handle = engine.submit(prompt_ids, params, owner=owner)
+    return Turn(engine, handle, parser)
+
+
+class Turn:
+    """A submitted turn. Read it once: `events()` while it streams, or `complete()`."""
+
+    def __init__(self, engine: Engine, handle: RequestHandle, parser: ToolCallParser | None):
+        self.engine = engine
+        self.handle = handle
+        self.parser = parser
+        self.num_prompt_tokens = handle.num_prompt_tokens
+        self.finished = False
+
+    def cancel(self) -> None:
+        self.engine.cancel(self.handle.request_id)
+
+    async def events(self) -> AsyncIterator[TurnEvent]:
+        """The reply as it comes. Leaving the loop early (the client went away) cancels the
+        request: its slot and blocks come back at the next engine step."""
+        parser = self.parser
+        try:
+            async for out in self.handle:
+                pieces = parser.feed(out.text) if parser is not None else []
+                if out.finished and parser is not None:
+                    pieces += parser.finish()
+                if parser is None and out.text:
+                    pieces = [TextDelta(out.text)]
+                logprobs = out.logprobs
+                for piece in pieces:
+                    if isinstance(piece, TextDelta):
+                        yield TextPiece(piece.text, logprobs)
+                        logprobs = ()
+                    else:
+                        yield piece
+                if not out.finished:
+                    if logprobs:  # tokens that made no text yet (held back, or inside a call)
+                        yield TextPiece("", logprobs)
+                    continue
+                self.finished = True
+                yield TurnEnd(
+                    self._finish(out.finish_reason),
+                    out.num_prompt_tokens,
+                    out.num_output_tokens,
+                    out.error,
+                    logprobs,
+                )
+        finally:
+            if not self.finished:
+                self.cancel()
+
+    async def complete(self, request: Request | None = None) -> TurnResult:
+        """The whole reply; cancels the request if `request`'s client goes away first."""
+        result = asyncio.ensure_future(self._collect())
+        try:
+            while not result.done():
+                await asyncio.wait({result}, timeout=0.5)
+                if not result.done() and request is not None and await request.is_disconnected():
+                    self.cancel()
+            return result.result()
+        finally:
+            if not result.done():
+                self.cancel()
+                result.cancel()
+
+    async def _collect(self) -> TurnResult:
+        text: list[str] = []
+        logprobs: list[TokenLogprob] = []
+        end: TurnEnd | None = None
+        async for event in self.events():
+            if isinstance(event, TextPiece):
+                text.append(event.text)
+                logprobs.extend(event.logprobs)
+            elif isinstance(event, TurnEnd):
+                logprobs.extend(event.logprobs)
+                end = event
+        assert end is not None
+        calls = list(self.parser.calls) if self.parser is not None else []
+        return TurnResult(
+            "".join(text),
+            calls,
+            end.finish,
+            end.num_prompt_tokens,
+            end.num_output_tokens,
+            end.error,
+            logprobs,
+        )
+
+    def _finish(self, reason: FinishReason | None) -> Finish:
+        if reason is FinishReason.ERROR:
+            return "error"
+        if self.parser is not None and self.parser.calls:
+            return "tool_calls"
+        return "length" if reason is FinishReason.LENGTH else "stop"

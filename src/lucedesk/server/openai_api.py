@@ -1,0 +1,187 @@
+"""OpenAI chat and text completions: `POST /v1/chat/completions`, `POST /v1/completions`.
+The wire format lives in openai_wire.py; this module turns it into chat turns and back."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from lucedesk.engine import CallDelta, RequestError
+from lucedesk.server import errors
+from lucedesk.server import openai_wire as wire
+from lucedesk.server.chat_turn import TextPiece, Turn, TurnEnd, TurnRequest, submit_turn
+from lucedesk.server.errors import APIError
+from lucedesk.server.openai_wire import ChatCompletionRequest, CompletionRequest, SamplingFields
+from lucedesk.server.served import Served, owner_label
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def sampling_of(body: SamplingFields, max_tokens: int | None) -> dict:
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    return dict(
+        max_tokens=max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        min_p=body.min_p,
+        seed=body.seed,
+        stop=tuple(stop),
+        ignore_eos=body.ignore_eos,
+    )
+
+
+def routes(served: Served) -> APIRouter:
+    router = APIRouter()
+
+    def check_common(body: SamplingFields) -> None:
+        served.check_model(body.model)
+        if body.n != 1:
+            raise APIError(400, "n must be 1", "n")
+
+    @router.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, request: Request):
+        check_common(body)
+        try:
+            turn_request = TurnRequest(
+                messages=wire.messages_of(body),
+                tools=wire.tools_of(body),
+                tool_choice=wire.tool_choice_of(body),
+                parallel_tool_calls=body.parallel_tool_calls,
+                response_format=wire.grammar_of(body.response_format),
+                logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+                **sampling_of(body, body.max_completion_tokens or body.max_tokens),
+            )
+            turn = submit_turn(served.engine(), turn_request, owner_label(request))
+        except RequestError as exc:
+            raise errors.from_request_error(exc) from None
+        return await Reply(served, turn, chat=True, logprobs=body.logprobs).answer(body, request)
+
+    @router.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        check_common(body)
+        engine = served.engine()
+        if isinstance(body.prompt, str):
+            prompt = engine.tokenizer.encode(body.prompt)
+        elif body.prompt and all(isinstance(p, str) for p in body.prompt):
+            if len(body.prompt) != 1:
+                raise APIError(400, "only one prompt per request is supported", "prompt")
+            prompt = engine.tokenizer.encode(body.prompt[0])
+        else:
+            prompt = list(body.prompt)
+        try:
+            turn_request = TurnRequest(
+                prompt_ids=prompt,
+                prompt_field="prompt",
+                response_format=wire.grammar_of(body.response_format),
+                logprobs=body.logprobs,
+                **sampling_of(body, body.max_tokens),
+            )
+            turn = submit_turn(engine, turn_request, owner_label(request))
+        except RequestError as exc:
+            raise errors.from_request_error(exc) from None
+        reply = Reply(served, turn, chat=False, logprobs=body.logprobs is not None)
+        return await reply.answer(body, request)
+
+    return router
+
+
+class Reply:
+    """One completion's answer: a JSON body or an SSE stream of chunks."""
+
+    def __init__(self, served: Served, turn: Turn, chat: bool, logprobs: bool) -> None:
+        self.turn, self.chat, self.want_logprobs = turn, chat, logprobs
+        self.rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.model = served.model_id
+        self.format_logprobs = wire.LogprobFormatter(turn.engine)
+
+    async def answer(self, body: SamplingFields, request: Request):
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(
+                self.stream(include_usage), media_type="text/event-stream", headers=SSE_HEADERS
+            )
+        done = await self.turn.complete(request)
+        if done.finish == "error":
+            raise APIError(500, f"generation failed: {done.error}", kind="server_error")
+        logprobs = None
+        if self.want_logprobs:
+            fmt = self.format_logprobs
+            logprobs = fmt.chat(done.logprobs) if self.chat else fmt.completion(done.logprobs)
+        if self.chat:
+            choice = {
+                "index": 0,
+                "message": wire.message_of(done.text, done.calls),
+                "finish_reason": done.finish,
+                "logprobs": logprobs,
+            }
+        else:
+            choice = {
+                "index": 0,
+                "text": done.text,
+                "finish_reason": done.finish,
+                "logprobs": logprobs,
+            }
+        return JSONResponse(
+            {
+                "id": self.rid,
+                "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created,
+                "model": self.model,
+                "choices": [choice],
+                "usage": wire.usage(done.num_prompt_tokens, done.num_output_tokens),
+            }
+        )
+
+    def event(self, choice: dict | None, usage: dict | None = None) -> str:
+        payload = {
+            "id": self.rid,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice] if choice else [],
+        }
+        if usage is not None:
+            payload["usage"] = usage
+        return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+    def piece(self, delta: dict, logprobs: tuple = (), reason: str | None = None) -> dict:
+        lp = None
+        if self.want_logprobs and logprobs:
+            fmt = self.format_logprobs
+            lp = fmt.chat(logprobs) if self.chat else fmt.completion(logprobs)
+        if self.chat:
+            return {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": lp}
+        text = delta.get("content", "")
+        return {"index": 0, "text": text, "finish_reason": reason, "logprobs": lp}
+
+    async def stream(self, include_usage: bool) -> AsyncIterator[str]:
+        if self.chat:
+            yield self.event(self.piece({"role": "assistant", "content": ""}))
+        async for event in self.turn.events():
+            if isinstance(event, TextPiece):
+                if event.text or (event.logprobs and self.want_logprobs):
+                    delta = {"content": event.text} if event.text else {}
+                    yield self.event(self.piece(delta, event.logprobs))
+            elif isinstance(event, CallDelta):
+                yield self.event(self.piece(wire.call_delta(event)))
+            elif isinstance(event, TurnEnd):
+                if event.logprobs and self.want_logprobs:
+                    yield self.event(self.piece({}, event.logprobs))
+                if event.finish == "error":
+                    body = errors.error_body(
+                        f"generation failed: {event.error}", "server_error", None, "500"
+                    )
+                    yield f"data: {json.dumps(body)}\n\n"
+                else:
+                    yield self.event(self.piece({}, (), event.finish))
+                if include_usage:
+                    usage = wire.usage(event.num_prompt_tokens, event.num_output_tokens)
+                    yield self.event(None, usage)
+        yield "data: [DONE]\n\n"

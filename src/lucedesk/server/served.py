@@ -1,0 +1,54 @@
+"""What every protocol adapter shares: the current engine, the names the model answers to,
+and who sent a request (for the slot monitor)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from lucedesk.engine import Engine
+from lucedesk.server.errors import APIError
+
+CLIENT_HEADER = "x-lucedesk-client"
+DEFAULT_NAME = "default"
+
+
+@dataclass(slots=True, frozen=True)
+class Served:
+    """`engine()` is the engine serving now (a host may rebuild it, as the TUI's /model
+    does); the model answers to its own id, to `default`, and to each alias."""
+
+    engine: Callable[[], Engine]
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def model_id(self) -> str:
+        """The name clients are shown: the first alias, else the loaded model's own."""
+        return self.aliases[0] if self.aliases else self.engine().model_name
+
+    def names(self) -> list[str]:
+        return list(
+            dict.fromkeys([self.model_id, self.engine().model_name, DEFAULT_NAME, *self.aliases])
+        )
+
+    def check_model(self, name: str | None, field: str = "model") -> None:
+        """A 404 (in the caller's protocol's shape) for a model this server does not serve;
+        no name at all means the served one."""
+        if name is None or name == "" or name in self.names():
+            return
+        raise APIError(
+            404,
+            f"model {name!r} not found; this server serves {self.model_id!r} "
+            f"(also as {', '.join(repr(n) for n in self.names()[1:])})",
+            field,
+            kind="not_found_error",
+        )
+
+
+def owner_label(request: Request) -> str:
+    """Who sent it, for the slot monitor: an explicit header, else the User-Agent's product."""
+    label = request.headers.get(CLIENT_HEADER) or request.headers.get("user-agent") or "client"
+    label = label.split()[0] if label.split() else "client"
+    return "http:" + "".join(c for c in label if c.isprintable())[:32]

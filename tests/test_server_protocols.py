@@ -1,0 +1,270 @@
+"""Anthropic, Responses and Ollama routes on a tiny model over real HTTP: each protocol's
+error shape, disconnects that free the slot, model names."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+import torch
+
+from lucedesk.engine.models.loader import load_model
+from lucedesk.server import create_app, start_server
+from tests.conftest import wait_until
+from tests.engine_harness import make_engine
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama):
+    engine = make_engine(
+        load_model(tiny_llama, torch.float32), max_slots=4, kv_pool_tokens=8192
+    ).start()
+    running = start_server(create_app(engine, model_name=["tiny", "alias-2"]), "127.0.0.1", 0)
+    yield running.url, engine
+    running.stop()
+    engine.shutdown()
+
+
+LONG = {"max_tokens": 900, "ignore_eos": True}
+STREAMS = [
+    (
+        "/v1/messages",
+        {
+            "model": "tiny",
+            "max_tokens": 900,
+            "stream": True,
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+    ),
+    ("/v1/responses", {"model": "tiny", "max_output_tokens": 900, "stream": True, "input": "hi"}),
+    (
+        "/api/chat",
+        {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "hi"}],
+            "options": {"num_predict": 900},
+        },
+    ),
+    ("/api/generate", {"model": "tiny", "prompt": "hi", "options": {"num_predict": 900}}),
+    (
+        "/v1/chat/completions",
+        {
+            "model": "tiny",
+            "max_tokens": 900,
+            "stream": True,
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), STREAMS, ids=[p for p, _ in STREAMS])
+def test_a_client_leaving_mid_stream_frees_its_slot(server, path, body):
+    url, engine = server
+    body = {**body, "ignore_eos": True}
+    with httpx.stream("POST", url + path, json=body, timeout=30) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        for _ in range(3):
+            next(lines)
+        wait_until(lambda: engine.stats().num_running == 1, 10)
+    left = time.monotonic()
+    wait_until(lambda: engine.stats().num_running == 0 and engine.stats().blocks_used == 0, 5)
+    assert time.monotonic() - left < 1.0
+
+
+def test_model_names(server):
+    url, _ = server
+    entry = httpx.get(url + "/v1/models").json()["data"][0]
+    assert entry["id"] == "tiny" and entry["aliases"] == ["llama", "default", "alias-2"]
+    for name in ("tiny", "llama", "default", "alias-2"):
+        r = httpx.post(
+            url + "/v1/chat/completions",
+            json={"model": name, "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]},
+        )
+        assert r.status_code == 200, name
+    tags = httpx.get(url + "/api/tags").json()["models"]
+    assert [m["name"] for m in tags] == ["tiny"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "says"),
+    [
+        (
+            "/v1/messages",
+            {"model": "tiny", "messages": [{"role": "user", "content": "x"}]},
+            400,
+            "max_tokens",
+        ),
+        (
+            "/v1/messages",
+            {"model": "nope", "max_tokens": 3, "messages": [{"role": "user", "content": "x"}]},
+            404,
+            "nope",
+        ),
+        (
+            "/v1/messages",
+            {
+                "model": "tiny",
+                "max_tokens": 3,
+                "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}],
+            },
+            400,
+            "text only",
+        ),
+        (
+            "/v1/messages",
+            {
+                "model": "tiny",
+                "max_tokens": 3,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "x"}
+                        ],
+                    }
+                ],
+            },
+            400,
+            "tool_use_id",
+        ),
+        (
+            "/v1/messages",
+            {
+                "model": "tiny",
+                "max_tokens": 3,
+                "tool_choice": {"type": "tool", "name": "zz"},
+                "tools": [{"name": "a", "input_schema": {"type": "object"}}],
+                "messages": [{"role": "user", "content": "x"}],
+            },
+            400,
+            "tool_choice",
+        ),
+    ],
+)
+def test_anthropic_errors_in_anthropic_shape(server, path, body, status, says):
+    url, engine = server
+    r = httpx.post(url + path, json=body, timeout=30)
+    assert r.status_code == status, r.text
+    error = r.json()
+    assert error["type"] == "error" and says in error["error"]["message"]
+    assert error["error"]["type"] == (
+        "not_found_error" if status == 404 else "invalid_request_error"
+    )
+    assert engine.stats().num_running == 0
+
+
+def test_anthropic_accepts_x_api_key(tiny_llama):
+    engine = make_engine(
+        load_model(tiny_llama, torch.float32), max_slots=1, kv_pool_tokens=1024
+    ).start()
+    running = start_server(create_app(engine, api_key="sekrit"), "127.0.0.1", 0)
+    try:
+        body = {"model": "default", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
+        r = httpx.post(running.url + "/v1/messages", json=body)
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        assert (
+            httpx.post(
+                running.url + "/v1/messages", json=body, headers={"x-api-key": "sekrit"}
+            ).status_code
+            == 200
+        )
+        r = httpx.post(running.url + "/v1/messages", json=body, headers={"x-api-key": "wrong"})
+        assert r.status_code == 401
+    finally:
+        running.stop()
+        engine.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "says"),
+    [
+        (
+            "/api/chat",
+            {"model": "nope", "messages": [{"role": "user", "content": "x"}]},
+            404,
+            "nope",
+        ),
+        (
+            "/api/chat",
+            {"model": "tiny", "messages": [{"role": "user", "content": "x", "images": ["AA"]}]},
+            400,
+            "text only",
+        ),
+        (
+            "/api/chat",
+            {"model": "tiny", "format": "yaml", "messages": [{"role": "user", "content": "x"}]},
+            400,
+            "format",
+        ),
+        (
+            "/api/chat",
+            {"model": "tiny", "messages": [{"role": "tool", "content": "x"}]},
+            400,
+            "tool",
+        ),
+        (
+            "/api/generate",
+            {"model": "tiny", "prompt": "x", "options": {"temperature": 9}},
+            400,
+            "temperature",
+        ),
+        ("/api/embed", {"model": "tiny", "input": "x"}, 501, "embeddings"),
+        ("/api/show", {"model": "gpt-9"}, 404, "gpt-9"),
+    ],
+)
+def test_ollama_errors_in_ollama_shape(server, path, body, status, says):
+    url, engine = server
+    r = httpx.post(url + path, json=body, timeout=30)
+    assert r.status_code == status, r.text
+    assert set(r.json()) == {"error"} and says in r.json()["error"]
+    assert engine.stats().num_running == 0
+
+
+def test_ollama_stream_is_ndjson_with_a_done_line(server):
+    url, _ = server
+    body = {"model": "tiny", "prompt": "hi", "options": {"num_predict": 5, "temperature": 0}}
+    r = httpx.post(url + "/api/generate", json={**body, "ignore_eos": True}, timeout=30)
+    lines = [json.loads(line) for line in r.text.splitlines()]
+    assert r.headers["content-type"].startswith("application/x-ndjson")
+    assert all(not line["done"] for line in lines[:-1]) and lines[-1]["done"]
+    assert lines[-1]["done_reason"] in ("stop", "length")
+    assert lines[-1]["eval_count"] <= 5
+    whole = httpx.post(url + "/api/generate", json={**body, "stream": False}, timeout=30).json()
+    assert whole["response"] == "".join(line["response"] for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
+        (
+            {"input": [{"type": "function_call_output", "call_id": "c9", "output": "x"}]},
+            "input[0].call_id",
+        ),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            "input[0].content[0]",
+        ),
+        ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0]"),
+        (
+            {
+                "input": "x",
+                "text": {
+                    "format": {"type": "json_schema", "name": "a", "schema": {"type": "nope"}}
+                },
+            },
+            "text.format",
+        ),
+        ({"input": "x", "model": "gpt-5"}, "model"),
+    ],
+)
+def test_responses_errors_in_openai_shape(server, body, param):
+    url, engine = server
+    r = httpx.post(url + "/v1/responses", json={"model": "tiny", **body}, timeout=30)
+    assert r.status_code in (400, 404), r.text
+    assert r.json()["error"]["param"] == param
+    assert engine.stats().num_running == 0
