@@ -268,3 +268,26 @@ def test_responses_errors_in_openai_shape(server, body, param):
     assert r.status_code in (400, 404), r.text
     assert r.json()["error"]["param"] == param
     assert engine.stats().num_running == 0
+
+
+def test_default_survives_a_model_switch(tiny_models):
+    """The TUI's /model rebuilds the engine under a live app: `default` keeps working."""
+    engines = [
+        make_engine(load_model(tiny_models[arch], torch.float32), max_slots=1, kv_pool_tokens=1024)
+        for arch in ("llama", "qwen3")
+    ]
+    current = {"engine": engines[0].start()}
+    running = start_server(create_app(lambda: current["engine"]), "127.0.0.1", 0)
+    body = {"model": "default", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
+    try:
+        first = httpx.post(running.url + "/v1/chat/completions", json=body, timeout=30).json()
+        current["engine"] = engines[1].start()
+        second = httpx.post(running.url + "/v1/chat/completions", json=body, timeout=30).json()
+        assert (first["model"], second["model"]) == ("llama", "qwen3")
+        old = {**body, "model": "llama"}
+        r = httpx.post(running.url + "/v1/chat/completions", json=old, timeout=30)
+        assert r.status_code == 404
+    finally:
+        running.stop()
+        for engine in engines:
+            engine.shutdown()
