@@ -15,10 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from lucedesk.engine import CallDelta, RequestError, Tool, ToolCall, ToolChoice
 from lucedesk.server import errors
 from lucedesk.server.chat_turn import TextPiece, TurnEnd, TurnRequest, submit_turn
-from lucedesk.server.errors import APIError
+from lucedesk.server.errors import TEXT_ONLY, APIError
 from lucedesk.server.served import Served, owner_label
-
-TEXT_ONLY = "the loaded model takes text only"
 
 
 class TextBlock(BaseModel):

@@ -19,6 +19,9 @@ from lucedesk.engine import QueueFullError, RequestError
 
 log = logging.getLogger(__name__)
 
+# Said of image, audio and document parts, in every protocol.
+TEXT_ONLY = "the loaded model takes text only"
+
 
 class APIError(Exception):
     def __init__(

@@ -19,12 +19,11 @@ from lucedesk import __version__
 from lucedesk.engine import CallDelta, Grammar, RequestError, Tool, ToolCall, ToolChoice
 from lucedesk.server import errors
 from lucedesk.server.chat_turn import TextPiece, TurnEnd, TurnRequest, submit_turn
-from lucedesk.server.errors import APIError
+from lucedesk.server.errors import TEXT_ONLY, APIError
 from lucedesk.server.served import Served, owner_label
 
 # The Ollama API release whose routes and shapes this adapter follows (clients compare it).
 OLLAMA_API_VERSION = "0.12.0"
-TEXT_ONLY = "the loaded model takes text only"
 
 
 class Options(BaseModel):

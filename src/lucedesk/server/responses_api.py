@@ -16,10 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from lucedesk.engine import CallDelta, Grammar, RequestError, Tool, ToolCall, ToolChoice
 from lucedesk.server import errors
 from lucedesk.server.chat_turn import TextPiece, TurnEnd, TurnRequest, TurnResult, submit_turn
-from lucedesk.server.errors import APIError
+from lucedesk.server.errors import TEXT_ONLY, APIError
 from lucedesk.server.served import Served, owner_label
-
-TEXT_ONLY = "the loaded model takes text only"
 
 
 class FunctionTool(BaseModel):
