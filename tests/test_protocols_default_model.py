@@ -332,15 +332,22 @@ def test_the_same_tool_call_through_every_protocol(oai, claude, olla, serve):
         (msg.name, msg.input),
     ]
     assert calls[0] == calls[1] == calls[2], calls
-    # Ollama has no tool_choice: its auto call, when the model makes one, is the same call.
-    reply = olla.chat(
-        model="default",
-        messages=[{"role": "user", "content": ASK}],
-        tools=[{"type": "function", "function": fn}],
-        options={"temperature": 0, "num_predict": 80},
-    )
-    for call in reply.message.tool_calls or []:
-        assert (call.function.name, dict(call.function.arguments)) == calls[0]
+    # Ollama has no tool_choice; lucedesk takes OpenAI's as an extension.
+    reply = httpx.post(
+        serve + "/api/chat",
+        json={
+            "model": "default",
+            "messages": [{"role": "user", "content": ASK}],
+            "tools": [{"type": "function", "function": fn}],
+            "tool_choice": "required",
+            "stream": False,
+            "options": {"temperature": 0, "num_predict": 80},
+        },
+        timeout=120,
+    ).json()
+    ollama_call = reply["message"]["tool_calls"][0]["function"]
+    calls.append((ollama_call["name"], ollama_call["arguments"]))
+    assert calls[0] == calls[3], calls
 
 
 # -- utilities and names ---------------------------------------------------------------------

@@ -9,7 +9,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -55,6 +55,15 @@ class ChatMessage(BaseModel):
     tool_name: str | None = None
 
 
+class NamedFunction(BaseModel):
+    name: str
+
+
+class NamedChoice(BaseModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: str
@@ -64,6 +73,8 @@ class ChatRequest(BaseModel):
     options: Options | None = None
     stream: bool = True
     keep_alive: str | int | float | None = None
+    # An extension (Ollama has no way to force a call): OpenAI's values.
+    tool_choice: Literal["auto", "none", "required"] | NamedChoice | None = None
 
 
 class GenerateRequest(BaseModel):
@@ -154,6 +165,13 @@ def tools_of(body: ChatRequest) -> list[Tool]:
     return tools
 
 
+def tool_choice_of(body: ChatRequest) -> ToolChoice:
+    choice = body.tool_choice
+    if isinstance(choice, NamedChoice):
+        return ToolChoice("function", choice.function.name)
+    return ToolChoice(choice or "auto")
+
+
 def now() -> str:
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
@@ -235,7 +253,7 @@ def routes(served: Served) -> APIRouter:
                 TurnRequest(
                     messages=messages_of(body),
                     tools=tools_of(body),
-                    tool_choice=ToolChoice(),
+                    tool_choice=tool_choice_of(body),
                     response_format=grammar_of(body.format),
                     **sampling_of(body.options),
                 ),
