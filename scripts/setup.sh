@@ -35,9 +35,6 @@ if [ "$have" != "$want" ] && [ "$have" != "${want%-dev0}-dev1" ]; then
     echo "setup: installing lucedesk into $venv"
     if [ $dev = 1 ]; then
         "${pip[@]}" -e ".[dev]"
-        # Triton kernels are tested in its interpreter on the CPU. GPU builds of torch bring
-        # their own triton (pytorch-triton-rocm on ROCm): install one only where none imports.
-        "$venv/bin/python" -c "import triton" >/dev/null 2>&1 || "${pip[@]}" triton
     else
         "${pip[@]}" -e .
     fi

@@ -2,20 +2,59 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import httpx
+import platformdirs
 import pytest
 import torch
 
-# Tests never touch the user's cache or config: everything goes under one temp home,
-# except the default model, which is worth keeping between runs.
+# Tests never touch the user's files: HOME, the XDG folders and lucedesk's own cache and
+# data variables point into one temp home for the whole session (subprocesses inherit it).
+# The default model alone is shared read-only: the user's copy if there is one, else one
+# pulled into the repository's .test-cache, kept between runs.
+REPO = Path(__file__).resolve().parent.parent
+REAL_HOME = Path.home()
+REAL_DIRS = [
+    Path(platformdirs.user_cache_dir("lucedesk")),
+    Path(platformdirs.user_config_dir("lucedesk")),
+    Path(platformdirs.user_data_dir("lucedesk")),
+]
+REAL_MODELS = REAL_DIRS[0] / "models"
+
+
+def snapshot_real_dirs() -> dict[str, tuple[int, int]]:
+    """Every file under the user's own lucedesk folders: (size, mtime in ns)."""
+    found = {}
+    for root in REAL_DIRS:
+        for path in root.rglob("*") if root.exists() else ():
+            if path.is_file():
+                stat = path.stat()
+                found[str(path)] = (stat.st_size, stat.st_mtime_ns)
+    return found
+
+
+REAL_BEFORE = snapshot_real_dirs()
+TEST_HOME = Path(tempfile.mkdtemp(prefix="lucedesk-test-home-"))
+atexit.register(shutil.rmtree, TEST_HOME, True)
+os.environ.update(
+    HOME=str(TEST_HOME),
+    XDG_CACHE_HOME=str(TEST_HOME / ".cache"),
+    XDG_CONFIG_HOME=str(TEST_HOME / ".config"),
+    XDG_DATA_HOME=str(TEST_HOME / ".local" / "share"),
+    XDG_STATE_HOME=str(TEST_HOME / ".local" / "state"),
+    LUCEDESK_KERNEL_CACHE=str(TEST_HOME / ".cache" / "lucedesk"),
+    LUCEDESK_DATA_DIR=str(TEST_HOME / ".local" / "share" / "lucedesk"),
+)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Without a GPU, Triton kernels run in its interpreter: set before any kernel is defined.
 if not torch.cuda.is_available():
@@ -123,10 +162,15 @@ def tiny_llama(tiny_models) -> Path:
 
 @pytest.fixture(scope="session")
 def default_model() -> Path:
-    """The real default model, pulled into the cache on first use."""
-    from lucedesk.pull import resolve_model
+    """The real default model, read-only: the user's cached copy, else the repository's."""
+    from lucedesk.pull import DEFAULT_MODEL_NAME, is_pulled, pull
 
-    return resolve_model(None, progress=lambda m: None)
+    if is_pulled(REAL_MODELS):
+        return REAL_MODELS / DEFAULT_MODEL_NAME
+    shared = REPO / ".test-cache" / "models"
+    if is_pulled(shared):
+        return shared / DEFAULT_MODEL_NAME
+    return pull(progress=lambda m: None, folder=shared)
 
 
 def wait_until(predicate, timeout: float = 30.0, interval: float = 0.01) -> None:
@@ -197,3 +241,12 @@ def serve(default_model, tmp_path_factory):
     yield url
     proc.terminate()
     proc.wait(30)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The whole run must leave the user's own lucedesk folders as they were."""
+    after = snapshot_real_dirs()
+    if after != REAL_BEFORE:
+        changed = sorted(set(after.items()) ^ set(REAL_BEFORE.items()))[:5]
+        print(f"\nthe test run changed the user's files: {changed}", file=sys.stderr)
+        session.exitstatus = 1

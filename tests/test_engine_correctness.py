@@ -87,7 +87,6 @@ def test_triton_attention_batched_equals_alone(tiny_models, arch):
     """With the Triton kernels selected (Triton's interpreter on a CPU), batched requests give
     the tokens each gets alone on the torch reference path. Kept small: the interpreter runs
     each kernel program in Python."""
-    pytest.importorskip("triton")
     loaded = load_model(tiny_models[arch], torch.float32)
     jobs = random_jobs(loaded, 5, 2, prompt_range=(1, 60), output_range=(1, 16), pressure=False)
     engine = make_engine(loaded, kernels="triton", **{**TIGHT, "kv_pool_tokens": 4096})

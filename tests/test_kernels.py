@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton  # noqa: F401  (in the dev extra: a missing triton fails these tests)
 
-pytest.importorskip("triton")
-
-from lucedesk.kernels.attention_torch import paged_attention_torch, write_kv_torch  # noqa: E402
-from lucedesk.kernels.attention_triton import paged_attention, write_kv  # noqa: E402
-from lucedesk.kernels.layers_torch import add_rms_norm_torch, rotary_torch  # noqa: E402
-from lucedesk.kernels.layers_triton import add_rms_norm_triton, rotary_triton  # noqa: E402
-from tests.kernel_cases import (  # noqa: E402
+from lucedesk.kernels.attention_torch import paged_attention_torch, write_kv_torch
+from lucedesk.kernels.attention_triton import paged_attention, write_kv
+from lucedesk.kernels.layers_torch import add_rms_norm_torch, rotary_torch
+from lucedesk.kernels.layers_triton import add_rms_norm_triton, rotary_triton
+from tests.kernel_cases import (
     CASES,
     DEVICE,
     LAYER_CASES,

