@@ -228,3 +228,31 @@ def test_weight_formats_follow_the_model_and_kernels(tiny_llama):
     assert apply_weight_format(odd, "auto", "cpu") == "dtype"
     with pytest.raises(ConfigError, match="multiples of 32"):
         apply_weight_format(odd, "int8", "cpu")
+
+
+def test_no_sampler_state_outlives_its_request(loaded):
+    """Seeded sampling keeps a generator per request; every one is dropped once its request
+    is done, the last batch's included (no later request is needed to clear them)."""
+    engine = make_engine(loaded, max_slots=4, kv_pool_tokens=4096).start()
+    sampler = engine.seq_engine.sampler
+    try:
+        params = [SamplingParams(max_tokens=8, temperature=0.9, seed=i) for i in range(12)]
+        handles = [engine.submit(prompt(loaded), p) for p in params]
+        outs = [h.result(timeout=30).token_ids for h in handles]
+        assert len({tuple(o) for o in outs}) > 1  # the seeds do differ
+        wait_until(lambda: not sampler._generators, 5)
+    finally:
+        engine.shutdown()
+
+
+def test_drain_that_times_out_cancels_the_rest(loaded):
+    engine = make_engine(loaded, max_slots=2, kv_pool_tokens=4096).start()
+    long = SamplingParams(max_tokens=1000, ignore_eos=True)
+    handles = [engine.submit(prompt(loaded), long) for _ in range(3)]
+    wait_until(lambda: engine.stats().num_running == 2)
+    engine.shutdown(drain=True, timeout=0.3)
+    results = [h.result(timeout=10) for h in handles]
+    assert {r.finish_reason for r in results} == {FinishReason.CANCELLED}
+    assert all(r.num_output_tokens < 1000 for r in results)
+    assert not engine.running
+    assert engine.scheduler.pool.num_used_blocks == 0

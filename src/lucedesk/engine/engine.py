@@ -235,7 +235,7 @@ class Engine:
                     self._cancel_all()
                     self._publish(0)
                     return
-            if not self._has_work():
+            if not self._has_work() and not self.scheduler.recently_finished:
                 self._wake.wait(0.5)
                 self._wake.clear()
                 continue
@@ -270,6 +270,8 @@ class Engine:
         The engine thread calls it in a loop; tests may call it directly instead."""
         self._take_inbox()
         plan = self.scheduler.plan()
+        if plan.finished_ids:  # even when nothing runs next: no state outlives its request
+            self.seq_engine.forget(plan.finished_ids)
         for rid in plan.finished_ids:
             self._close(rid)  # cancelled at the step boundary
         if not plan:

@@ -61,8 +61,10 @@ class TorchSeqEngine:
         self.scale = c.head_dim**-0.5
         self.sampler = Sampler()
 
+    def forget(self, request_ids: list[str]) -> None:
+        self.sampler.forget(request_ids)
+
     def execute(self, plan: StepPlan) -> StepResult:
-        self.sampler.forget(plan.finished_ids)
         rows = plan.rows
         input_ids: list[int] = []
         positions: list[int] = []

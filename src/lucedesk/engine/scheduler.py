@@ -38,7 +38,7 @@ class StepPlan:
     step: int
     decodes: list[ScheduledRow] = field(default_factory=list)
     prefills: list[ScheduledRow] = field(default_factory=list)
-    # Requests that left the engine since the last plan (the runner drops their sampler state).
+    # Requests that left the engine since the last plan (their per-request state is dropped).
     finished_ids: list[str] = field(default_factory=list)
 
     @property

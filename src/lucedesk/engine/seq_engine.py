@@ -23,6 +23,10 @@ class SeqEngine(Protocol):
     num_blocks: int
     vocab_size: int  # the width of the logits (grammar masks are this wide)
 
+    def forget(self, request_ids: list[str]) -> None:
+        """Drop any per-request state (sampler generators) of requests that left."""
+        ...
+
     def execute(self, plan: StepPlan) -> StepResult:
         """Compute every row of `plan` in one forward and sample where the plan asks.
 
