@@ -346,3 +346,31 @@ async def test_model_switch_keeps_chats(env, tiny_models):
         await type_and_send(pilot, pane, "second")
         await wait_for(pilot, lambda: len(pane.session.messages) == 4)
         assert pane.session.messages[0]["content"] == "first"
+
+
+async def test_a_reply_is_saved_while_it_streams(env):
+    """The store holds the reply so far, not only at its end: a crash mid-reply (see
+    test_store_crash.py) keeps what was shown."""
+    import sqlite3
+
+    app = make_app(env)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await started(pilot)
+        pane = screen.panes[0]
+        await type_and_send(pilot, pane, "/max 900")
+        await type_and_send(pilot, pane, "a long answer please")
+
+        def saved() -> tuple[str, str] | None:
+            with sqlite3.connect(env[0] / "sessions.db") as db:
+                row = db.execute(
+                    "SELECT status, content FROM messages WHERE role = 'assistant' "
+                    "ORDER BY id DESC LIMIT 1"
+                ).fetchone()
+            return row
+
+        await wait_for(pilot, lambda: (row := saved()) is not None and len(row[1]) > 0)
+        assert saved()[0] == "streaming" and pane.busy
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not pane.busy)
+        status, content = saved()
+        assert status == "done" and content == pane.session.messages[-1]["content"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import platformdirs
@@ -16,6 +17,8 @@ from lucedesk.tui.remote import RemoteHandle
 from lucedesk.tui.store import Session, export_markdown
 from lucedesk.tui.widgets.chat_input import ChatInput
 from lucedesk.tui.widgets.message_view import MessageView
+
+SAVE_EVERY_S = 1.0  # how often a growing reply is written to the store
 
 HELP = (
     "Commands: /fanout N <task> · /system <prompt> · /temp <0-2> · /max <tokens> · "
@@ -75,7 +78,12 @@ class ChatPane(Vertical, can_focus=False):
         self.session = session
         log = self.query_one("#log", VerticalScroll)
         await log.remove_children()
-        await log.mount_all([MessageView(m["role"], m["content"]) for m in session.messages])
+        views = []
+        for m in session.messages:
+            interrupted = m.get("status") == "interrupted"
+            title = f"{m['role']} · interrupted" if interrupted else None
+            views.append(MessageView(m["role"], m["content"], title=title))
+        await log.mount_all(views)
         self.refresh_header()
 
     def focus_input(self) -> None:
@@ -194,12 +202,15 @@ class ChatPane(Vertical, can_focus=False):
     async def stream_reply(self, handle: RequestHandle | RemoteHandle) -> None:
         view = MessageView("assistant")
         await self.query_one("#log").mount(view)
-        reason, error = await self._pump(handle, view)
+        store = self.app.store
+        reply = store.begin_reply(self.session)
+        reason, error = await self._pump(handle, view, reply)
         if reason is FinishReason.CANCELLED and not view.content:
             # Stopped before a word: take the question back into the input, as if unsent.
             await view.remove()
+            store.drop_last_message(self.session)  # the empty reply
             last = self.session.messages[-1]["content"] if self.session.messages else ""
-            self.app.store.drop_last_message(self.session)
+            store.drop_last_message(self.session)
             await self.show_session(self.session)
             self.query_one(ChatInput).text = last
             return
@@ -209,16 +220,24 @@ class ChatPane(Vertical, can_focus=False):
             FinishReason.ERROR: f"error: {error}",
         }.get(reason)
         await view.finish(note)
-        self.app.store.add_message(self.session, "assistant", view.content)
+        store.update_reply(reply, view.content, status="done")
 
-    async def _pump(self, handle: RequestHandle | RemoteHandle, view: MessageView):
+    async def _pump(
+        self, handle: RequestHandle | RemoteHandle, view: MessageView, reply: dict | None = None
+    ):
+        """Streams `handle` into `view`; saves the text so far into the stored `reply` at
+        most once a second."""
         reason, error = FinishReason.ERROR, "no output"
+        saved_at = time.monotonic()
         async for first in handle:
             # Everything that arrived while the last render ran goes into one update.
             burst = [first, *handle.take_ready()]
             text = "".join(out.text for out in burst)
             if text:
                 await view.append(text)
+                if reply is not None and time.monotonic() - saved_at >= SAVE_EVERY_S:
+                    self.app.store.update_reply(reply, view.content)
+                    saved_at = time.monotonic()
             if burst[-1].finished:
                 reason, error = burst[-1].finish_reason, burst[-1].error
                 break
@@ -273,41 +292,46 @@ class ChatPane(Vertical, can_focus=False):
         await panel.remove_children()
         panel.add_class("active")
         runs = []
-        for i in range(count):
-            sub = store.create_session(
-                f"{parent.title} · subagent {i + 1}/{count}",
-                kind="subagent",
-                parent_id=parent.id,
-                system_prompt=parent.system_prompt,
-                temperature=parent.temperature,
-                max_tokens=parent.max_tokens,
-            )
-            for m in parent.messages:
-                store.add_message(sub, m["role"], m["content"])
-            store.add_message(
-                sub,
-                "user",
-                f"{task}\n\n(You are subagent {i + 1} of {count}; "
-                "work on this independently and answer in full.)",
-            )
+        subs = []
+        with store.transaction():  # the children land together, each with its task
+            for i in range(count):
+                sub = store.create_session(
+                    f"{parent.title} · subagent {i + 1}/{count}",
+                    kind="subagent",
+                    parent_id=parent.id,
+                    system_prompt=parent.system_prompt,
+                    temperature=parent.temperature,
+                    max_tokens=parent.max_tokens,
+                )
+                for m in parent.messages:
+                    store.add_message(sub, m["role"], m["content"])
+                store.add_message(
+                    sub,
+                    "user",
+                    f"{task}\n\n(You are subagent {i + 1} of {count}; "
+                    "work on this independently and answer in full.)",
+                )
+                subs.append((sub, store.begin_reply(sub)))
+        for i, (sub, reply) in enumerate(subs):
             handle = self.submit(sub.chat_messages(), owner=f"sub{i + 1}:{parent.title[:14]}")
             if handle is None:
                 break
             view = MessageView("assistant", title=f"subagent {i + 1}/{count}")
             await panel.mount(view)
-            runs.append((sub, handle, view))
-        results = await asyncio.gather(*(self._pump(h, v) for _, h, v in runs))
+            runs.append((sub, reply, handle, view))
+        results = await asyncio.gather(*(self._pump(h, v, r) for _, r, h, v in runs))
         parts = []
-        for (sub, _, view), (reason, _error) in zip(runs, results):
+        for (_sub, reply, _, view), (reason, _error) in zip(runs, results):
             await view.finish()
-            store.add_message(sub, "assistant", view.content)
+            store.update_reply(reply, view.content, status="done")
             status = "" if reason in (FinishReason.STOP, FinishReason.LENGTH) else f" ({reason})"
             parts.append(f"### Subagent {len(parts) + 1}{status}\n\n{view.content.strip()}")
         panel.remove_class("active")
         await panel.remove_children()
         if not parts:
             return
-        store.add_message(parent, "user", f"Fan-out to {count} subagents: {task}")
-        store.add_message(parent, "assistant", "\n\n".join(parts))
+        with store.transaction():
+            store.add_message(parent, "user", f"Fan-out to {count} subagents: {task}")
+            store.add_message(parent, "assistant", "\n\n".join(parts))
         await self.show_session(parent)
         self.post_message(SessionsChanged())
