@@ -10,6 +10,7 @@ import torch
 from lucedesk.config import EngineConfig
 from lucedesk.engine.build import assemble
 from lucedesk.engine.engine import Engine
+from lucedesk.engine.handle import Completion
 from lucedesk.engine.models.loader import LoadedModel
 from lucedesk.engine.request import SamplingParams
 
@@ -66,6 +67,11 @@ def random_jobs(
 def run_jobs(engine: Engine, jobs: list[Job], check: bool = True) -> list[list[int]]:
     """Submit each job at its arrival step and step the engine until all are done, checking
     the block accounting after every step. Returns each job's output token ids."""
+    return [c.token_ids for c in run_jobs_whole(engine, jobs, check)]
+
+
+def run_jobs_whole(engine: Engine, jobs: list[Job], check: bool = True) -> list[Completion]:
+    """run_jobs, returning each job's whole completion (logprobs included)."""
     handles: dict[int, object] = {}
     step = 0
     while len(handles) < len(jobs) or not all(h.finished for h in handles.values()):
@@ -77,7 +83,7 @@ def run_jobs(engine: Engine, jobs: list[Job], check: bool = True) -> list[list[i
             engine.scheduler.check_integrity()
         step += 1
         assert step < 50_000
-    return [handles[i].result(timeout=0).token_ids for i in range(len(jobs))]
+    return [handles[i].result(timeout=0) for i in range(len(jobs))]
 
 
 def run_alone(

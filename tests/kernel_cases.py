@@ -47,6 +47,11 @@ CASES = [
     (4, 64, torch.bfloat16, 16, [(10, 1), (300, 1), (15, 6), (0, 3)]),
     (3, 128, torch.float16, 32, [(70, 1), (1000, 1), (48, 4)]),
     (8, 128, torch.bfloat16, 16, [(2, 1), (600, 1), (5, 11)]),
+    # the other block sizes and the largest head dim that validation accepts
+    (2, 64, torch.bfloat16, 64, [(0, 1), (63, 1), (200, 1), (70, 9)]),
+    (4, 64, torch.float32, 128, [(1, 1), (130, 1), (255, 1), (100, 5)]),
+    (2, 256, torch.float32, 16, [(3, 1), (90, 1), (17, 4)]),
+    (1, 256, torch.bfloat16, 32, [(40, 1), (0, 6)]),
 ]
 
 

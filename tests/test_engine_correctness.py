@@ -94,3 +94,55 @@ def test_triton_attention_batched_equals_alone(tiny_models, arch):
     batched = run_jobs(engine, jobs)
     assert batched == run_alone(loaded, jobs, "torch")
     assert [len(b) for b in batched] == [j.params.max_tokens for j in jobs]
+
+
+# Batched against alone in bf16: greedy tokens may part where two candidates are within
+# bf16's rounding of each other (prompt K/V computed in other chunks, recomputed after a
+# preemption). Up to the first parting every token's logprob agrees within this, and where
+# they part, the alone run's top two candidates are within it too.
+BF16_LOGPROB_TOL = 0.15
+
+
+def test_r9700_profile_bf16_triton_batched_matches_alone(tiny_llama):
+    """The settings the R9700 runs (Triton kernels, bf16, its block size, budget and chunk
+    sizes), on the CPU in Triton's interpreter with a tiny model and a pool shrunk to force
+    preemption: batched equals alone within bf16's tolerance."""
+    import dataclasses
+
+    from lucedesk.engine.build import assemble
+    from lucedesk.profile import all_profiles
+    from tests.engine_harness import Job, run_jobs_whole
+
+    r9700 = all_profiles()["r9700"].engine
+    loaded = load_model(tiny_llama, torch.bfloat16)
+    jobs = random_jobs(
+        loaded, 4, seed=7, prompt_range=(20, 40), output_range=(24, 32), pressure=False
+    )
+    jobs = [Job(j.prompt, dataclasses.replace(j.params, logprobs=2), arrival_step=0) for j in jobs]
+    small = dataclasses.replace(r9700, device="cpu", kv_pool_tokens=6 * 16, max_model_len=1024)
+    engine = assemble(loaded, small, torch.device("cpu")).engine
+    assert engine.seq_engine.kernels.name == "triton" and loaded.model.dtype == torch.bfloat16
+    batched = run_jobs_whole(engine, jobs)
+    assert engine.scheduler.num_preemptions > 0
+    roomy = dataclasses.replace(small, kv_pool_tokens=4096, max_slots=1)
+    same = 0
+    for job, got in zip(jobs, batched):
+        alone = run_jobs_whole(
+            assemble(loaded, roomy, torch.device("cpu")).engine,
+            [Job(job.prompt, job.params)],
+            check=False,
+        )[0]
+        assert len(got.token_ids) == len(alone.token_ids) == job.params.max_tokens
+        common = next(
+            (i for i, (a, b) in enumerate(zip(got.token_ids, alone.token_ids)) if a != b),
+            len(got.token_ids),
+        )
+        same += common == len(got.token_ids)
+        for a, b in zip(got.logprobs[:common], alone.logprobs[:common]):
+            assert abs(a.logprob - b.logprob) <= BF16_LOGPROB_TOL
+        if common < len(got.token_ids):
+            top = dict(alone.logprobs[common].top)
+            parted = got.token_ids[common]
+            assert parted in top, "parted on a token that was not a close second"
+            assert top[alone.token_ids[common]] - top[parted] <= BF16_LOGPROB_TOL
+    assert same >= 2, "most requests should not part at all"

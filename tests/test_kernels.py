@@ -6,12 +6,20 @@ Tolerances per dtype: fp32 1e-5, fp16 2e-3, bf16 2e-2 (absolute and relative).""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
-import triton  # noqa: F401  (in the dev extra: a missing triton fails these tests)
+import triton  # in the dev extra: a missing triton fails these tests
+import triton.language as tl
 
 from lucedesk.kernels.attention_torch import paged_attention_torch, write_kv_torch
-from lucedesk.kernels.attention_triton import paged_attention, write_kv
+from lucedesk.kernels.attention_triton import (
+    interpreting_bf16,
+    paged_attention,
+    round_to_bf16,
+    write_kv,
+)
 from lucedesk.kernels.layers_torch import add_rms_norm_torch, rotary_torch
 from lucedesk.kernels.layers_triton import add_rms_norm_triton, rotary_triton
 from tests.kernel_cases import (
@@ -120,3 +128,32 @@ def test_layer_wrappers_reject_bad_inputs():
         rotary_triton(q, k, cos[:2], sin[:2])
     with pytest.raises(ValueError, match="share a dtype"):
         rotary_triton(q, k, cos.half(), sin.half())
+
+
+@triton.jit
+def _round_kernel(x_ptr, y_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(y_ptr + i, round_to_bf16(tl.load(x_ptr + i)))
+
+
+def test_the_interpreters_bf16_rounding_is_round_to_nearest_even():
+    """The interpreter's bf16 special case rounds as a GPU (and torch) does: every value,
+    ties to even included, lands on the same bf16 number."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, generator=g) * torch.exp2(torch.randint(-30, 30, (4096,), generator=g))
+    base = torch.randn(1024, generator=g).bfloat16().float()
+    ulp = torch.exp2(torch.floor(torch.log2(base.abs())) - 7)
+    ties = base + ulp / 2  # exactly halfway between two bf16 numbers
+    edges = torch.tensor([0.0, -0.0, 1.0, 3.0e38, -1.1754944e-38])
+    x = torch.cat([x, ties, edges])
+    x = torch.cat([x, torch.zeros(triton.next_power_of_2(x.numel()) - x.numel())])
+    y = torch.empty_like(x)
+    _round_kernel[(1,)](x, y, x.numel())
+    assert torch.equal(y, x.bfloat16().float())
+
+
+def test_bf16_runs_the_emulated_path_only_in_the_interpreter(monkeypatch):
+    assert interpreting_bf16(torch.bfloat16) == (os.environ.get("TRITON_INTERPRET") == "1")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert not interpreting_bf16(torch.bfloat16)
+    assert not interpreting_bf16(torch.float16) and not interpreting_bf16(torch.float32)

@@ -79,6 +79,7 @@ def _attention_split_kernel(
     BLOCKS_PER_SPLIT: tl.constexpr,
     PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
+    EMULATE_BF16: tl.constexpr,
 ):
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -116,6 +117,8 @@ def _attention_split_kernel(
         alpha = tl.exp(m - m_new)
         p = tl.exp(scores - m_new[:, None])
         l_sum = l_sum * alpha + tl.sum(p, 1)
+        if EMULATE_BF16:  # what p.to(bf16) does on a GPU, in the interpreter's fp32 tiles
+            p = round_to_bf16(p)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m = m_new
 
@@ -157,13 +160,29 @@ def _attention_reduce_kernel(
 
 def _dot_dtype(dtype: torch.dtype):
     """The tile dtype of the kernel's matmuls: the cache's own, except bf16 under Triton's
-    interpreter, whose numpy arithmetic has no bf16 (its bf16 dots come out as garbage), so
-    there the tiles are widened to fp32."""
-    if dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1":
+    interpreter (see `interpreting_bf16`)."""
+    if interpreting_bf16(dtype):
         return tl.float32
     return {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[
         dtype
     ]
+
+
+def interpreting_bf16(dtype: torch.dtype) -> bool:
+    """The one special case of these kernels. Triton's interpreter computes bf16 dots as
+    garbage (numpy has no bf16) and narrows fp32 to bf16 by truncation. So there, bf16 tiles
+    are widened to fp32 (exact) and the probabilities a GPU rounds to bf16 before the P.V
+    dot are rounded by `round_to_bf16` instead: the same arithmetic a GPU does (bf16 inputs,
+    fp32 accumulation), up to the order of the sums."""
+    return dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def round_to_bf16(x):
+    """fp32 -> the nearest bf16 value (ties to even), kept in fp32; finite inputs."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
 
 
 def _check(name: str, t: torch.Tensor, dims: int, dtype: torch.dtype | None = None) -> None:
@@ -297,6 +316,7 @@ def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) 
         # fp32 stays exact (no TF32); half types use the tensor cores.
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         DOT_DTYPE=_dot_dtype(q.dtype),
+        EMULATE_BF16=interpreting_bf16(q.dtype),
     )
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     _attention_reduce_kernel[(num_tokens, num_heads)](
