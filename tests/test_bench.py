@@ -94,7 +94,15 @@ def test_bench_against_a_running_server(server, tmp_path, capsys):
         assert level["goodput_requests_s"] is not None
     assert png.read_bytes()[:4] == b"\x89PNG"
     table = capsys.readouterr().out
-    assert "| C=1 |" in table and "| 20 req/s |" in table
+    rows = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| C=")]
+    rows += [line.split("|")[1:-1] for line in table.splitlines() if " req/s |" in line[:14]]
+    # One row a level, in order, each showing that level's own numbers.
+    assert [r[0].strip() for r in rows] == ["C=1", "C=3", "20 req/s"]
+    for row, level in zip(rows, result["levels"]):
+        cells = [c.strip() for c in row]
+        assert cells[1] == f"{level['output_tok_s']:.1f}"
+        assert cells[2] == f"{level['requests_s']:.2f}"
+        assert cells[-2:] == ["0", "0"]  # failed, short
 
 
 def test_bench_compare_prints_ratios(server, capsys):

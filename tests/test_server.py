@@ -78,17 +78,27 @@ def test_chat_stream_shape_and_text(client):
     assert text == whole
 
 
-def test_text_content_parts_and_system(client):
-    r = client.chat.completions.create(
-        model=MODEL,
-        max_tokens=4,
-        temperature=0,
-        messages=[
-            {"role": "system", "content": "be brief"},
-            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
-        ],
+def test_text_content_parts_and_system(server, client, loaded):
+    """The system message and every text part reach the template, in order: the prompt the
+    engine ran is the template's rendering of exactly these messages."""
+    from lucedesk.engine.models.chat import render_chat
+
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}],
+        },
+    ]
+    r = client.chat.completions.create(model=MODEL, max_tokens=4, temperature=0, messages=messages)
+    expected = render_chat(
+        loaded.tokenizer,
+        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}],
     )
-    assert r.choices[0].finish_reason in ("stop", "length")
+    assert "be brief" in expected and "hi there" in expected
+    assert r.usage.prompt_tokens == len(loaded.tokenizer.encode(expected, add_special_tokens=False))
+    shown = httpx.post(server[0].url + "/apply-template", json={"messages": messages}).json()
+    assert shown["prompt"] == expected
 
 
 def test_completions_string_and_token_ids(client):
@@ -242,14 +252,14 @@ BAD_BODIES = [
     ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400, "max_tokens"),
     ({"messages": [{"role": "user", "content": "x"}], "temperature": 5}, 400, "temperature"),
     ({"messages": [{"role": "user", "content": "x"}], "top_p": 0}, 400, "top_p"),
-    ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "role"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role"),
     ({"messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n"),
     ({"messages": [{"role": "user", "content": "x"}], "model": "gpt-9"}, 404, "model"),
     ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5000}, 400, "max_tokens"),
     (
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
         400,
-        "content",
+        "messages[0].content",
     ),
     ({"messages": "hello"}, 400, "messages"),
     ({"messages": [{"role": "user", "content": "x"}], "stop": 7}, 400, "stop"),
@@ -263,7 +273,8 @@ def test_bad_bodies_get_4xx_naming_the_field(server, body, status, field):
     r = httpx.post(running.url + "/v1/chat/completions", json=body, timeout=30)
     assert r.status_code == status, r.text
     error = r.json()["error"]
-    assert field in (error["param"] or "") or field in error["message"]
+    assert error["param"] == field, error
+    assert field in error["message"]
     assert "Traceback" not in r.text
     assert engine.running
 
@@ -312,6 +323,34 @@ def test_health_models_metrics(server, client):
         "lucedesk_generation_tokens_total",
     ):
         assert name in text
+    # The values follow the requests: three more of 7 tokens each, cut by length.
+    before = metric_values(text)
+    for _ in range(3):
+        client.completions.create(
+            model=MODEL,
+            prompt=[5, 6, 7],
+            max_tokens=7,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+    after = metric_values(httpx.get(running.url + "/metrics").text)
+    grew = {k: after[k] - before.get(k, 0.0) for k in after}
+    assert grew['lucedesk_requests_total{finish_reason="length"}'] == 3
+    assert grew["lucedesk_generation_tokens_total"] == 21
+    assert grew["lucedesk_prompt_tokens_total"] == 9
+    assert grew["lucedesk_time_to_first_token_seconds_count"] == 3
+    assert grew["lucedesk_inter_token_latency_seconds_count"] == 18
+    assert after["lucedesk_requests_running"] == 0
+
+
+def metric_values(text: str) -> dict[str, float]:
+    """Prometheus text: sample name (with labels) -> value."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
 
 
 def test_api_key(loaded):

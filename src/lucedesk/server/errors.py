@@ -76,6 +76,27 @@ def from_request_error(exc: RequestError) -> APIError:
     return APIError(400, str(exc), exc.field)
 
 
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "literal"}
+
+
+def field_path(loc) -> str | None:
+    """pydantic's error location as a field path, `messages[0].content`: the body prefix
+    and the tags naming which member of a union was tried (`str`, `list[TextPart]`) left
+    out."""
+    path = ""
+    for part in loc:
+        if part == "body":
+            continue
+        if isinstance(part, int):
+            path += f"[{part}]"
+            continue
+        part = str(part)
+        if "[" in part or part[:1].isupper() or part in _TYPE_TAGS or "-" in part:
+            continue
+        path += f".{part}" if path else part
+    return path or None
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api(request: Request, exc: APIError):
@@ -88,8 +109,7 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
         first = exc.errors()[0] if exc.errors() else {}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        param = ".".join(loc) or None
+        param = field_path(first.get("loc", ()))
         message = first.get("msg", "invalid request body")
         if param:
             message = f"{param}: {message}"
