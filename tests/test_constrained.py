@@ -179,3 +179,22 @@ def test_logprobs_are_the_models_distribution(loaded):
     assert [t for t, _ in lp.top] == top.indices.tolist()
     assert [v for _, v in lp.top] == pytest.approx(top.values.tolist())
     del engine
+
+
+def test_ignore_eos_keeps_a_grammar_that_may_end_going(loaded):
+    """`[a-z ]*` may end after any letter; with ignore_eos it runs to max_tokens, and a
+    grammar that must end still ends the request."""
+    engine = make_engine(loaded, max_slots=2, kv_pool_tokens=2048)
+    prompt = loaded.tokenizer.encode("The quick brown fox")
+    may_end = SamplingParams(
+        max_tokens=20, temperature=0, ignore_eos=True, grammar=Grammar.regex("[a-z ]*")
+    )
+    must_end = SamplingParams(
+        max_tokens=20, temperature=0, ignore_eos=True, grammar=Grammar.regex("ab")
+    )
+    handles = [engine.submit(prompt, may_end), engine.submit(prompt, must_end)]
+    while not all(h.finished for h in handles):
+        engine.step()
+    long, short = (h.result(timeout=0) for h in handles)
+    assert long.finish_reason is FinishReason.LENGTH and long.num_output_tokens == 20
+    assert short.finish_reason is FinishReason.STOP and short.text == "ab"

@@ -157,7 +157,7 @@ def test_anthropic_errors_in_anthropic_shape(server, path, body, status, says):
     assert engine.stats().num_running == 0
 
 
-def test_anthropic_accepts_x_api_key(tiny_llama):
+def test_anthropic_accepts_x_api_key(tiny_llama):  # and either of two headers
     engine = make_engine(
         load_model(tiny_llama, torch.float32), max_slots=1, kv_pool_tokens=1024
     ).start()
@@ -174,6 +174,8 @@ def test_anthropic_accepts_x_api_key(tiny_llama):
         )
         r = httpx.post(running.url + "/v1/messages", json=body, headers={"x-api-key": "wrong"})
         assert r.status_code == 401
+        both = {"x-api-key": "sekrit", "Authorization": "Bearer unused"}
+        assert httpx.post(running.url + "/v1/messages", json=body, headers=both).status_code == 200
     finally:
         running.stop()
         engine.shutdown()
@@ -249,7 +251,10 @@ def test_ollama_stream_is_ndjson_with_a_done_line(server):
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
             "input[0].content[0]",
         ),
-        ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0]"),
+        (
+            {"input": [{"type": "function_call_output", "call_id": [1], "output": "x"}]},
+            "input[0].call_id",
+        ),
         (
             {
                 "input": "x",
@@ -291,3 +296,126 @@ def test_default_survives_a_model_switch(tiny_models):
         running.stop()
         for engine in engines:
             engine.shutdown()
+
+
+def test_user_mistakes_never_500(server):
+    url, engine = server
+    lone = "\ud800"
+    cases = [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": lone}]}, 400),
+        (
+            "/v1/responses",
+            {"input": "hi", "text": {"verbosity": lone}, "max_output_tokens": 2},
+            200,
+        ),
+        ("/v1/responses", {"input": lone}, 400),
+        ("/tokenize", {"content": lone}, 400),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "seed": 2**70},
+            400,
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": "x"}],
+                "max_tokens": 2,
+                "n": None,
+                "stream": None,
+                "logprobs": None,
+                "ignore_eos": None,
+                "parallel_tool_calls": None,
+            },
+            200,
+        ),
+        (
+            "/api/chat",
+            {
+                "model": "tiny",
+                "stream": False,
+                "options": {"num_predict": 2},
+                "messages": [{"role": "user", "content": None}],
+            },
+            200,
+        ),
+        ("/api/show", {"model": "tiny:latest"}, 200),
+    ]
+    for path, body, status in cases:
+        raw = json.dumps({"model": "tiny", **body}).encode()  # lone surrogates escaped
+        r = httpx.post(
+            url + path, content=raw, headers={"content-type": "application/json"}, timeout=30
+        )
+        assert r.status_code == status, (path, body, r.text)
+    r = httpx.post(
+        url + "/v1/chat/completions",
+        content=b'{"messages": [',
+        headers={"content-type": "application/json"},
+        timeout=30,
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] is None
+    assert "malformed JSON" in r.json()["error"]["message"]
+    wait_until(lambda: engine.stats().num_running == 0)
+
+
+def test_responses_leave_out_hosted_tools(server):
+    url, _ = server
+    r = httpx.post(
+        url + "/v1/responses",
+        json={
+            "model": "tiny",
+            "input": "x",
+            "max_output_tokens": 2,
+            "tools": [
+                {"type": "web_search"},
+                {
+                    "type": "function",
+                    "name": "f",
+                    "parameters": {"type": "object", "properties": {}},
+                },
+            ],
+        },
+        timeout=30,
+    )
+    assert r.status_code == 200 and [t["type"] for t in r.json()["tools"]] == [
+        "web_search",
+        "function",
+    ]
+
+
+def test_a_chunked_body_over_the_limit_is_a_413(tiny_llama):
+    engine = make_engine(load_model(tiny_llama, torch.float32), max_slots=1, kv_pool_tokens=1024)
+    running = start_server(create_app(engine, max_body_bytes=1000), "127.0.0.1", 0)
+    try:
+
+        def chunks():
+            for _ in range(20):
+                yield b" " * 100
+
+        r = httpx.post(
+            running.url + "/v1/messages",
+            content=chunks(),
+            headers={"content-type": "application/json"},
+        )
+        assert r.status_code == 413 and r.json()["type"] == "error"
+    finally:
+        running.stop()
+
+
+def test_anthropic_reports_the_stop_sequence(server):
+    url, engine = server
+    prompt = {
+        "model": "tiny",
+        "max_tokens": 40,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": "The quick brown fox"}],
+    }
+    free = httpx.post(url + "/v1/messages", json={**prompt, "ignore_eos": True}, timeout=30).json()
+    text = free["content"][0]["text"]
+    stop = next(  # two characters first seen after the start
+        text[i : i + 2] for i in range(1, len(text) - 1) if text.find(text[i : i + 2]) == i
+    )
+    r = httpx.post(
+        url + "/v1/messages", json={**prompt, "stop_sequences": ["zzzz", stop]}, timeout=30
+    ).json()
+    assert r["stop_reason"] == "stop_sequence" and r["stop_sequence"] == stop
+    assert r["content"][0]["text"] == text[: text.index(stop)]

@@ -227,6 +227,21 @@ def test_completion_logprobs(client):
         assert 1 <= len(top) <= 2 and value == pytest.approx(max(top.values()))
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(5)]
     assert all(v <= 0 for v in lp.token_logprobs)
+    chunks = list(
+        client.completions.create(
+            model=MODEL,
+            prompt="The quick",
+            max_tokens=5,
+            temperature=0,
+            logprobs=2,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+    )
+    offsets = [
+        o for c in chunks if c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset
+    ]
+    assert offsets == lp.text_offset  # running on across chunks, not restarting
 
 
 CALL = {"id": "call_a", "type": "function", "function": {"name": "now", "arguments": "{}"}}

@@ -28,7 +28,7 @@ CASES = [
     (
         "hermes",
         HERMES,
-        "Let me look that up.\n",
+        "Let me look that up.",
         [
             ("get_weather", '{"city": "Paris \\"}{\\" Nord", "days": [1, {"x": "]"}]}'),
             ("get_time", "{}"),
@@ -47,11 +47,11 @@ CASES = [
         [("f", '{"a": 1}')],
     ),
     ("hermes", "<tool_call> not json", "<tool_call> not json", []),
-    ("hermes", 'Done.\n<tool_call>\n{"nam', "Done.\n", []),
+    ("hermes", 'Done.\n<tool_call>\n{"nam', "Done.", []),
     (
         "hermes",
         'ok <tool_call>\n{"name": "f", "arguments": {"a": [1, 2',
-        "ok ",
+        "ok",
         [("f", '{"a": [1, 2')],
     ),
     (
@@ -189,7 +189,69 @@ def test_marker_grammars(compiler, family):
     assert accepts(compiler, single, one) and not accepts(compiler, single, two)
     assert accepts(compiler, named, hermes_call("get_time", {}))
     assert not accepts(compiler, named, one)
-    assert fmt.grammar(tools, ToolChoice("none")) is None
+
+
+@pytest.fixture(scope="module")
+def qwen_like(tiny_llama):
+    """A vocabulary holding the markers as single (non-special) added tokens, as Qwen2.5 and
+    Qwen3 do: llguidance then matches them as tokens, never as text."""
+    from tokenizers import AddedToken
+
+    from lucedesk.engine.tool_calls import MARKERS
+
+    tok = load_model(tiny_llama).tokenizer
+    tok.backend.add_tokens([AddedToken(m, special=False, normalized=False) for m in MARKERS])
+    assert all(tok.token_to_id(m) is not None for m in MARKERS)
+    return GrammarCompiler(tok, tok.vocab_size)
+
+
+def test_marker_tokens_are_matched_as_tokens(qwen_like):
+    from lucedesk.engine.tool_calls import MARKERS
+
+    fmt, tools, single = ToolFormat("hermes"), [WEATHER, TIME], frozenset(MARKERS)
+    one = hermes_call("get_weather", {"city": "Paris"})
+    thought = "<think>\nThe user wants weather.\n</think>\n\n"
+    for choice in (ToolChoice("auto"), ToolChoice("required")):
+        grammar = fmt.grammar(tools, choice, single_tokens=single)
+        assert accepts(qwen_like, grammar, one)
+        assert accepts(qwen_like, grammar, thought + one)
+        assert accepts(qwen_like, grammar, one + "\n" + hermes_call("get_time", {}))
+    auto = fmt.grammar(tools, ToolChoice("auto"), single_tokens=single)
+    assert accepts(qwen_like, auto, "Sunny, I think.")
+    assert accepts(qwen_like, auto, "Let me check. " + one)
+    assert not accepts(qwen_like, auto, "<tool_call>\nnot json")
+
+
+def test_tool_schemas_with_refs(compiler):
+    """pydantic's schemas for nested models point into their own $defs."""
+    nested = Tool(
+        "locate",
+        "",
+        {
+            "$defs": {
+                "Place": {
+                    "type": "object",
+                    "properties": {"city": {"enum": ["Oslo"]}},
+                    "required": ["city"],
+                    "additionalProperties": False,
+                }
+            },
+            "type": "object",
+            "properties": {"place": {"$ref": "#/$defs/Place"}},
+            "required": ["place"],
+            "additionalProperties": False,
+        },
+    )
+    for fmt in (ToolFormat("hermes"), ToolFormat("llama3")):
+        grammar = fmt.grammar([TIME, nested], ToolChoice("required"))
+        args = {"place": {"city": "Oslo"}}
+        text = (
+            hermes_call("locate", args)
+            if fmt.family == "hermes"
+            else json.dumps({"name": "locate", "parameters": args})
+        )
+        assert accepts(compiler, grammar, text)
+        assert not accepts(compiler, grammar, text.replace("Oslo", "Rome"))
 
 
 def test_llama3_grammar(compiler):
@@ -201,6 +263,8 @@ def test_llama3_grammar(compiler):
     assert accepts(compiler, auto, call + "; " + json.dumps({"name": "get_time", "parameters": {}}))
     assert not accepts(compiler, auto, '{"name": "nope", "parameters": {}}')
     assert not accepts(compiler, fmt.grammar(tools, ToolChoice("required")), "It is sunny.")
+    # a brace after spaces opens a call too: free text cannot smuggle an unchecked one
+    assert not accepts(compiler, auto, '  {"name": "zzz", "parameters": {}}')
 
 
 def test_response_format_with_tools_constrains_the_answer_too(compiler):
@@ -209,3 +273,13 @@ def test_response_format_with_tools_constrains_the_answer_too(compiler):
     assert accepts(compiler, grammar, '{"a": 3}')
     assert accepts(compiler, grammar, hermes_call("get_weather", {"city": "Oslo"}))
     assert not accepts(compiler, grammar, "free text")
+    assert not accepts(compiler, grammar, '{\n\n   "a": 3}')  # no free whitespace
+
+
+def test_only_offered_tools_are_calls():
+    parser = ToolFormat("llama3").parser(frozenset({"get_weather"}))
+    content, calls = parse_all(parser, '{"name": "Alice", "parameters": {"age": 3}}')
+    assert calls == [] and content == '{"name": "Alice", "parameters": {"age": 3}}'
+    parser = ToolFormat("hermes").parser(frozenset({"get_weather"}))
+    content, calls = parse_all(parser, hermes_call("other", {}))
+    assert calls == [] and "other" in content

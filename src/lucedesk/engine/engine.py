@@ -19,7 +19,8 @@ from lucedesk.engine.request import FinishReason, Request, SamplingParams
 from lucedesk.engine.scheduler import Scheduler, StepPlan
 from lucedesk.engine.seq_engine import SeqEngine, StepResult
 from lucedesk.engine.stats import EngineStats, StatsCollector
-from lucedesk.engine.tool_calls import Tool, ToolChoice, ToolFormat, detect_family
+from lucedesk.engine.tool_calls import MARKERS, Tool, ToolChoice, ToolFormat, detect_family
+from lucedesk.engine.tool_parser import overlap_with_start
 from lucedesk.errors import RequestError
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ class _Stream:
     num_emitted: int = 0  # characters of `text` already sent
     num_tokens_sent: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)  # per output token, if asked
+    stop_sequence: str | None = None  # the stop string that ended it
 
 
 @dataclass(slots=True, frozen=True)
@@ -72,6 +74,9 @@ class Engine:
             tokenizer, getattr(seq_engine, "vocab_size", tokenizer.vocab_size)
         )
         self.tool_format = ToolFormat(detect_family(tokenizer.chat_template))
+        self._single_token_markers = frozenset(
+            m for m in MARKERS if tokenizer.token_to_id(m) is not None
+        )
         self._inbox: deque[tuple[str, object]] = deque()
         self._wake = threading.Event()
         self._streams: dict[str, _Stream] = {}
@@ -130,13 +135,30 @@ class Engine:
         grammar = response_format
         if fmt is not None:
             text_schema = None
-            if response_format is not None and response_format.kind == "json_schema":
+            if response_format is not None:
+                if response_format.kind != "json_schema":
+                    raise RequestError(
+                        f"a {response_format.kind} format cannot be combined with tools "
+                        "(a JSON schema can)",
+                        response_format.field,
+                    )
                 text_schema = json.loads(response_format.source)
-            grammar = fmt.grammar(tools, choice, parallel_tool_calls, text_schema)
+            grammar = fmt.grammar(
+                tools, choice, parallel_tool_calls, text_schema, self._single_token_markers
+            )
         token_ids = encode_chat(self.tokenizer, messages, self.tool_format, tools)
         if grammar is not None:
             self.grammars.check(grammar)
-        return ChatPrompt(token_ids, grammar, fmt)
+        return ChatPrompt(token_ids, grammar, fmt, frozenset(t.name for t in tools))
+
+    def check_grammar(self, grammar: Grammar) -> None:
+        """Raises RequestError (naming the grammar's field) if it cannot be compiled."""
+        self.grammars.check(grammar)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (for logprobs: a token may hold part of a
+        character)."""
+        return self.grammars.token_bytes(token_id)
 
     def output_room(
         self, num_prompt_tokens: int, max_tokens: int | None, field: str = "messages"
@@ -182,6 +204,7 @@ class Engine:
         self.scheduler.check_fits(req)
         if params.grammar is not None:
             req.matcher = self.grammars.matcher(params.grammar)
+            req.end_ids = frozenset(self.tokenizer.stop_token_ids)
         handle = RequestHandle(rid, len(prompt_ids), self.cancel)
         self._num_pending += 1
         self._inbox.append(("add", (req, handle)))
@@ -338,15 +361,16 @@ class Engine:
             # Look for a stop string in the newly decoded tail; never send one to the client.
             window = max(map(len, stops)) + 8
             tail_from = max(0, s.num_emitted - window)
-            hits = [i for i in (s.text.find(st, tail_from) for st in stops) if i >= 0]
+            hits = [(i, st) for st in stops if (i := s.text.find(st, tail_from)) >= 0]
             if hits:
-                s.text = s.text[: min(hits)]
+                at, s.stop_sequence = min(hits)
+                s.text = s.text[:at]
                 self.scheduler.finish(req, FinishReason.STOP)
         if req.finished:
             s.text += s.detokenizer.flush() if req.finish_reason is not FinishReason.STOP else ""
             return  # sent by _close
         # Hold back a tail that could still grow into a stop string.
-        held = max((_overlap(s.text, st) for st in stops), default=0)
+        held = max((overlap_with_start(s.text, st) for st in stops), default=0)
         self._send(req, s, len(s.text) - held)
 
     def _send(self, req: Request, s: _Stream, upto: int, final: bool = False) -> None:
@@ -368,6 +392,7 @@ class Engine:
                 num_prompt_tokens=req.num_prompt_tokens,
                 num_output_tokens=req.num_output_tokens,
                 logprobs=logprobs,
+                stop_sequence=s.stop_sequence if final else None,
             )
         )
 
@@ -418,11 +443,3 @@ class Engine:
             prefix_cache_queries=sched.num_prefix_query_tokens,
             prefix_cached_blocks=pool.num_cached_blocks,
         )
-
-
-def _overlap(text: str, stop: str) -> int:
-    """Length of the longest end of `text` that is a proper start of `stop`."""
-    for k in range(min(len(stop) - 1, len(text)), 0, -1):
-        if text.endswith(stop[:k]):
-            return k
-    return 0

@@ -84,6 +84,9 @@ class GrammarCompiler:
         # Grammars already validated: an agent sends the same tools every turn, and a
         # chat's grammar is checked at encoding and compiled again at submission.
         self._checked: OrderedDict[tuple[str, str], str] = OrderedDict()
+        # A fresh matcher per grammar; requests get copies (a copy costs microseconds, a
+        # compile milliseconds for a few tools).
+        self._fresh: OrderedDict[tuple[str, str], llguidance.LLMatcher] = OrderedDict()
 
     @property
     def ll_tokenizer(self) -> llguidance.LLTokenizer:
@@ -119,14 +122,25 @@ class GrammarCompiler:
         return compiled
 
     def matcher(self, grammar: Grammar) -> llguidance.LLMatcher:
+        """A matcher at the start of `grammar`, for one request."""
         import llguidance
 
-        matcher = llguidance.LLMatcher(self.ll_tokenizer, self.check(grammar), log_level=0)
-        if matcher.is_error():
+        key = (grammar.kind, grammar.source)
+        with self._lock:
+            fresh = self._fresh.get(key)
+            if fresh is not None:
+                self._fresh.move_to_end(key)
+                return fresh.deep_copy()
+        fresh = llguidance.LLMatcher(self.ll_tokenizer, self.check(grammar), log_level=0)
+        if fresh.is_error():
             raise RequestError(
-                f"{grammar.field}: cannot be compiled ({matcher.get_error()})", grammar.field
+                f"{grammar.field}: cannot be compiled ({fresh.get_error()})", grammar.field
             )
-        return matcher
+        with self._lock:
+            self._fresh[key] = fresh
+            if len(self._fresh) > 64:
+                self._fresh.popitem(last=False)
+        return fresh.deep_copy()
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes a token stands for (special tokens as their text)."""

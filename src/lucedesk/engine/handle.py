@@ -34,6 +34,7 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token of `token_ids`, where asked
+    stop_sequence: str | None = None  # on the last output: the stop string that ended it
 
 
 @dataclass(slots=True, frozen=True)

@@ -75,6 +75,8 @@ class SamplingParams:
             not isinstance(self.seed, int) or isinstance(self.seed, bool)
         ):
             raise bad("seed", "must be an integer")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**64:
+            raise bad("seed", "must fit in 64 bits")
         if not all(isinstance(s, str) and s for s in self.stop):
             raise bad("stop", "must be non-empty strings")
         if len(self.stop) > 16:
@@ -108,6 +110,7 @@ class Request:
     # The llguidance matcher of `params.grammar` (engine/grammar.py); it has consumed every
     # output token, so preemption and prefix adoption (which touch only KV) leave it valid.
     matcher: object | None = None
+    end_ids: frozenset[int] = frozenset()  # the model's end tokens (a grammar may allow them)
     output_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     slot: int | None = None

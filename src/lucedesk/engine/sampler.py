@@ -83,15 +83,21 @@ class Sampler:
             words * 4,
             len(rows),
         )
-        # bit j of word w allows token 32*w + j
-        allowed = ((bitmask.unsqueeze(-1) >> self._shifts) & 1).view(len(rows), -1)[:, :vocab]
-        allowed = allowed.bool().to(logits.device)
+        bitmask[:, vocab // 32 + 1 :] = 0  # words wholly past the logits
+        if vocab % 32:
+            bitmask[:, vocab // 32] &= (1 << (vocab % 32)) - 1
         for k, i in enumerate(rows):
             req = requests[i]
+            if req.params.ignore_eos and req.end_ids:
+                _forbid_unless_alone(bitmask[k], req.end_ids)
             if req.matcher.is_error():
                 errors[req.slot] = f"grammar failed: {req.matcher.get_error()}"
-            elif not bool(allowed[k].any()):
+            elif not bool(bitmask[k].any()):
                 errors[req.slot] = "the grammar allows no next token"
+        # bit j of word w allows token 32*w + j; unpacked where the logits are
+        packed = bitmask.to(logits.device)
+        shifts = self._shifts.to(logits.device)
+        allowed = ((packed.unsqueeze(-1) >> shifts) & 1).view(len(rows), -1)[:, :vocab].bool()
         logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
 
     @staticmethod
@@ -150,3 +156,16 @@ class Sampler:
         if not torch.isfinite(probs).all() or probs.sum() <= 0:
             raise ValueError("sampling produced no valid token (non-finite logits)")
         return int(torch.multinomial(probs, 1, generator=gen))
+
+
+def _forbid_unless_alone(words: torch.Tensor, token_ids: frozenset[int]) -> None:
+    """Clears the bits of `token_ids` in one packed mask row unless nothing else is allowed
+    (`ignore_eos`: a grammar that may end does not end the request early; one that must end
+    still does)."""
+    kept = words.clone()
+    one = torch.tensor(1, dtype=torch.int32)
+    for t in token_ids:
+        if t // 32 < kept.numel():
+            kept[t // 32] &= ~(one << (t % 32))
+    if bool(kept.any()):
+        words.copy_(kept)

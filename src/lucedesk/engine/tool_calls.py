@@ -24,6 +24,8 @@ from typing import Literal
 from lucedesk.engine.grammar import JSON_OPTIONS, Grammar
 
 Family = Literal["hermes", "llama3", "generic"]
+# Markers a vocabulary may hold as single tokens (then grammars name the token).
+MARKERS = ("<tool_call>", "</tool_call>", "<think>", "</think>")
 
 
 @dataclass(slots=True, frozen=True)
@@ -133,67 +135,103 @@ class ToolFormat:
         tools: list[Tool],
         choice: ToolChoice,
         parallel: bool = True,
-        text_schema: dict | None = None,
-    ) -> Grammar | None:
-        """The Lark grammar for `choice`: None where nothing is constrained (auto with free
-        text, or none). Under `auto` free text stays free until the family's opening marker
-        appears; from there the call must be well formed. A `text_schema` (a JSON response
-        format) constrains the non-call answer too."""
-        if choice.mode == "none":
-            return Grammar.json_schema(text_schema) if text_schema is not None else None
+        text_schema: dict | bool | None = None,
+        single_tokens: frozenset[str] = frozenset(),
+    ) -> Grammar:
+        """The Lark grammar for `choice` (`auto`, `required` or a function). Under `auto` free
+        text stays free until the family's opening marker appears; from there the call must
+        be well formed. A `text_schema` (a JSON response format) constrains the answer that
+        is not a call. `single_tokens` names the markers the vocabulary holds as one token
+        (Qwen's `<tool_call>`, `</tool_call>`, `<think>`, `</think>`): llguidance matches
+        those as tokens, never as spelled-out text."""
         offered = [t for t in tools if choice.mode != "function" or t.name == choice.function]
-        schema = {"anyOf": [self._call_schema(t) for t in offered]}
-        schema["x-guidance"] = JSON_OPTIONS
-        call_json = "%json " + json.dumps(schema)
+        schema = {"anyOf": [self._call_schema(i, t) for i, t in enumerate(offered)]}
+        call_json = "%json " + json.dumps({**schema, "x-guidance": JSON_OPTIONS})
+        answer = None
+        if text_schema is not None:
+            answer = "%json " + json.dumps(
+                {**text_schema, "x-guidance": JSON_OPTIONS}
+                if isinstance(text_schema, dict)
+                else text_schema
+            )
         forced = choice.mode in ("required", "function")
         if self.family == "llama3":
-            more = 'call_more: ("; " call_json)*\n' if parallel else "call_more: \n"
-            text = "%json " + json.dumps(text_schema) if text_schema else "TEXT"
-            start = (
-                "start: call_json call_more" if forced else f"start: {text} | call_json call_more"
-            )
+            more = 'call_more: ("; " call_json)*' if parallel else "call_more: "
             rules = [
-                start,
+                "start: call_json call_more"
+                if forced
+                else f"start: {answer or 'TEXT'} | call_json call_more",
                 more,
                 f"call_json: {call_json}",
-                r"TEXT: /([^{](.|\n)*)?/",
+                # text is anything that does not open, after spaces, a call's brace
+                r"TEXT: /(?s:.*)/ & ~/\s*\{(?s:.*)/",
             ]
         else:
-            more = 'call_more: ("\\n<tool_call>" call_body)*\n' if parallel else "call_more: \n"
+            open_, close = (
+                m if m in single_tokens else json.dumps(m) for m in ("<tool_call>", "</tool_call>")
+            )
+            more = f'call_more: ("\\n" {open_} call_body)*' if parallel else "call_more: "
             if forced:
-                start = 'start: "<tool_call>" call_body call_more'
-            elif text_schema is not None:
-                start = (
-                    f'start: %json {json.dumps(text_schema)} | "<tool_call>" call_body call_more'
-                )
-            else:
-                start = "start: TEXT | before_call call_body call_more"
+                start = f"start: think {open_} call_body call_more"
+            elif answer is not None:
+                start = f"start: think ({answer} | {open_} call_body call_more)"
+            elif "<tool_call>" in single_tokens:  # text, then the marker's own token
+                start = f"start: think (TEXT | TEXT {open_} call_body call_more)"
+            else:  # text up to the first spelled-out marker, which must open a call
+                start = "start: think (TEXT | before_call call_body call_more)"
             rules = [
                 start,
                 more,
-                f'call_body: "\\n" {call_json} "\\n</tool_call>"',
+                f'call_body: "\\n" {call_json} "\\n" {close}',
+                # free text never holds the marker, spelled out or as its token
                 r"TEXT: /(?s:.*)/ & ~/(?s:.*)<tool_call>(?s:.*)/",
                 r"before_call[lazy]: /(?s:.*)<tool_call>/",
             ]
+            if {"<think>", "</think>"} <= single_tokens:  # a reasoning block may come first
+                rules += ["think: (<think> THINKING </think> /\\s*/)?", r"THINKING: /(?s:.*)/"]
+            else:
+                rules.append("think: ")
         field = "tools" if choice.mode != "function" else "tool_choice"
         return Grammar.lark("%llguidance {}\n" + "\n".join(rules), field)
 
-    def _call_schema(self, tool: Tool) -> dict:
+    def _call_schema(self, index: int, tool: Tool) -> dict:
+        # The tool's schema sits at #/anyOf/<index>/properties/<key>: its own "#..." refs
+        # ($defs of nested pydantic models) are rebased to point there.
+        at = f"#/anyOf/{index}/properties/{self.arguments_key}"
         return {
             "type": "object",
-            "properties": {"name": {"const": tool.name}, self.arguments_key: tool.parameters},
+            "properties": {
+                "name": {"const": tool.name},
+                self.arguments_key: _rebase_refs(tool.parameters, at),
+            },
             "required": ["name", self.arguments_key],
             "additionalProperties": False,
         }
 
     # -- output -----------------------------------------------------------------------------
 
-    def parser(self):
+    def parser(self, tool_names: frozenset[str] | None = None):
+        """A parser for one reply; with `tool_names`, only envelopes naming one are calls."""
         from lucedesk.engine.tool_parser import ToolCallParser
 
         if self.family == "llama3":
-            return ToolCallParser(open_marker=None, close_marker=None, separator=";")
-        return ToolCallParser(open_marker="<tool_call>", close_marker="</tool_call>")
+            return ToolCallParser(None, None, separator=";", tool_names=tool_names)
+        return ToolCallParser("<tool_call>", "</tool_call>", tool_names=tool_names)
+
+
+def _rebase_refs(schema, at: str):
+    """`schema` with every local `$ref` ("#...") moved under the pointer `at`."""
+    if isinstance(schema, dict):
+        out = {}
+        for key, value in schema.items():
+            if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+                out[key] = at + value[1:]
+            else:
+                out[key] = _rebase_refs(value, at)
+        return out
+    if isinstance(schema, list):
+        return [_rebase_refs(v, at) for v in schema]
+    return schema
 
 
 def _openai_tool(tool: Tool) -> dict:

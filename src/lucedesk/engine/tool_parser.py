@@ -8,7 +8,8 @@ then the arguments in fragments that join to the JSON the model wrote. Envelopes
                                           ^ streamed from here ... to here ^
 
 A call whose envelope is complete but not in that key order is parsed whole when it closes;
-an envelope that is not JSON, or has no name, stays text.
+an envelope that is not JSON, has no name, or (given the offered tools) names none of them,
+stays text. Whitespace right before a call is not content.
 """
 
 from __future__ import annotations
@@ -121,16 +122,22 @@ class ToolCallParser:
     `separator`, and any other reply is text."""
 
     def __init__(
-        self, open_marker: str | None, close_marker: str | None, separator: str | None = None
+        self,
+        open_marker: str | None,
+        close_marker: str | None,
+        separator: str | None = None,
+        tool_names: frozenset[str] | None = None,
     ) -> None:
         self.open_marker = open_marker
         self.close_marker = close_marker
         self.separator = separator
+        self.tool_names = tool_names
         self.calls: list[ToolCall] = []
         self._buffer = ""
         self._state = "text" if open_marker else "start"
         self._envelope: _Envelope | None = None
         self._call: ToolCall | None = None  # the call being streamed
+        self.incomplete = False  # the last call was cut off before its envelope closed
         self._closed = False  # after a call: its close marker was seen
 
     def feed(self, text: str) -> list[TextDelta | CallDelta]:
@@ -142,12 +149,13 @@ class ToolCallParser:
 
     def finish(self) -> list[TextDelta | CallDelta]:
         """Whatever is held back at the end. A cut-off call whose name is known stays a call
-        (its arguments incomplete); one cut off before its name is dropped: it was no text
-        (its marker or opening brace already began a call)."""
+        (its arguments incomplete: `incomplete` says so); one cut off before its name is
+        dropped: it was no text (its marker or opening brace already began a call)."""
         events: list[TextDelta | CallDelta] = []
         if self._envelope is not None and self._call is not None:
             self._stream_arguments(self._envelope, events)
             self.calls.append(self._call)
+            self.incomplete = True
         elif self._state in ("text", "start"):
             events.append(TextDelta(self._buffer))
         self._buffer, self._envelope, self._call = "", None, None
@@ -182,12 +190,13 @@ class ToolCallParser:
             self._buffer = ""
             return False
         at = buf.find(self.open_marker)
-        if at < 0:  # hold back a tail that may grow into the marker
-            keep = _partial_suffix(buf, self.open_marker)
-            events.append(TextDelta(buf[: len(buf) - keep]))
-            self._buffer = buf[len(buf) - keep :]
+        if at < 0:  # hold back a tail that may grow into the marker, and spaces before it
+            ready = buf[: len(buf) - overlap_with_start(buf, self.open_marker)]
+            ready = ready[: len(ready.rstrip())]
+            events.append(TextDelta(ready))
+            self._buffer = buf[len(ready) :]
             return False
-        events.append(TextDelta(buf[:at]))
+        events.append(TextDelta(buf[:at].rstrip()))
         self._buffer = buf[at + len(self.open_marker) :]
         self._state = "envelope"
         return True
@@ -208,20 +217,20 @@ class ToolCallParser:
         if not env.done:
             return False
         parsed = env.parse()
-        if parsed is None:
+        if self._call is not None:  # announced already: a call however it ends
+            self.calls.append(self._call)
+        elif parsed is None or (self.tool_names is not None and parsed[0] not in self.tool_names):
             events.append(TextDelta((self.open_marker or "") + env.text))
-        elif self._call is None:  # not streamable: the whole call at once
+        else:  # not streamable: the whole call at once
             call = ToolCall(ToolCall.new_id(), *parsed)
             events.append(CallDelta(len(self.calls), call.id, call.name, call.arguments))
             self.calls.append(call)
-        else:
-            self.calls.append(self._call)
         self._envelope, self._call = None, None
         self._state, self._closed = "after", False
         return True
 
     def _stream_arguments(self, env: _Envelope, events: list) -> None:
-        if env.name is None:
+        if env.name is None or (self.tool_names is not None and env.name not in self.tool_names):
             return
         if self._call is None:
             self._call = ToolCall(ToolCall.new_id(), env.name, "")
@@ -254,8 +263,9 @@ class ToolCallParser:
         return True
 
 
-def _partial_suffix(text: str, marker: str) -> int:
-    """Length of the longest end of `text` that could be the start of `marker`."""
+def overlap_with_start(text: str, marker: str) -> int:
+    """Length of the longest end of `text` that is a proper start of `marker` (a tail to
+    hold back: it may grow into the marker)."""
     for k in range(min(len(marker) - 1, len(text)), 0, -1):
         if text.endswith(marker[:k]):
             return k

@@ -9,12 +9,19 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from lucedesk.engine import CallDelta, RequestError, Tool, ToolCall, ToolChoice
 from lucedesk.server import errors
-from lucedesk.server.chat_turn import TextPiece, TurnEnd, TurnRequest, submit_turn
+from lucedesk.server.chat_turn import (
+    Json,
+    TextPiece,
+    TurnEnd,
+    TurnRequest,
+    TurnStream,
+    dumps,
+    submit_turn,
+)
 from lucedesk.server.errors import TEXT_ONLY, APIError
 from lucedesk.server.served import Served, owner_label
 
@@ -98,15 +105,19 @@ class CountTokensRequest(BaseModel):
 # -- requests into engine terms ---------------------------------------------------------------
 
 
-def _result_text(block: ToolResultBlock, field: str) -> str:
+def _result_text(block: ToolResultBlock) -> str:
+    """A tool result's text. An image or document a tool returned (a screenshot, a PDF)
+    becomes a note saying so: refusing it would leave the conversation unusable, since the
+    client sends it again every turn."""
     if isinstance(block.content, str):
         return block.content
     parts = []
-    for j, part in enumerate(block.content):
-        if part.get("type") != "text":
-            raise RequestError(f"{field}.content[{j}]: {TEXT_ONLY}", f"{field}.content[{j}]")
-        parts.append(str(part.get("text", "")))
-    return "".join(parts)
+    for part in block.content:
+        if part.get("type") == "text":
+            parts.append(str(part.get("text", "")))
+        else:
+            parts.append(f"[{part.get('type', 'a')} content omitted: {TEXT_ONLY}]")
+    return "\n".join(parts)
 
 
 def messages_of(body: MessagesRequest | CountTokensRequest) -> list[dict]:
@@ -138,7 +149,7 @@ def messages_of(body: MessagesRequest | CountTokensRequest) -> list[dict]:
                         "earlier message",
                         f"{field}.tool_use_id",
                     )
-                content = _result_text(block, field)
+                content = _result_text(block)
                 out.append(
                     {
                         "role": "tool",
@@ -147,6 +158,8 @@ def messages_of(body: MessagesRequest | CountTokensRequest) -> list[dict]:
                         "content": f"Error: {content}" if block.is_error else content,
                     }
                 )
+            elif block.type == "text":
+                raise RequestError(f"{field}.text is required in a text block", f"{field}.text")
             elif block.type in ("tool_use", "tool_result"):
                 raise RequestError(
                     f"{field}: a {block.type} block cannot be in a {m.role} turn", field
@@ -183,8 +196,12 @@ def tool_choice_of(spec: ToolChoiceSpec | None) -> tuple[ToolChoice, bool]:
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
+def stop_reason(finish: str, stop_sequence: str | None) -> str:
+    return "stop_sequence" if stop_sequence is not None else STOP_REASONS[finish]
+
+
 def sse(event: str, data: dict) -> str:
-    return f"event: {event}\ndata: {json.dumps({'type': event, **data}, ensure_ascii=False)}\n\n"
+    return f"event: {event}\ndata: {dumps({'type': event, **data})}\n\n"
 
 
 def routes(served: Served) -> APIRouter:
@@ -214,11 +231,7 @@ def routes(served: Served) -> APIRouter:
             raise errors.from_request_error(exc) from None
         mid = "msg_" + uuid.uuid4().hex[:24]
         if body.stream:
-            return StreamingResponse(
-                stream(turn, mid, served.model_id),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-            )
+            return TurnStream(turn, stream(turn, mid, served.model_id))
         done = await turn.complete(request)
         if done.finish == "error":
             raise APIError(500, f"generation failed: {done.error}", kind="server_error")
@@ -227,15 +240,15 @@ def routes(served: Served) -> APIRouter:
             {"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c.arguments)}
             for c in done.calls
         ]
-        return JSONResponse(
+        return Json(
             {
                 "id": mid,
                 "type": "message",
                 "role": "assistant",
                 "model": served.model_id,
                 "content": content,
-                "stop_reason": STOP_REASONS[done.finish],
-                "stop_sequence": None,
+                "stop_reason": stop_reason(done.finish, done.stop_sequence),
+                "stop_sequence": done.stop_sequence,
                 "usage": {
                     "input_tokens": done.num_prompt_tokens,
                     "output_tokens": done.num_output_tokens,
@@ -315,7 +328,10 @@ async def stream(turn, mid: str, model: str) -> AsyncIterator[str]:
             yield sse(
                 "message_delta",
                 {
-                    "delta": {"stop_reason": STOP_REASONS[event.finish], "stop_sequence": None},
+                    "delta": {
+                        "stop_reason": stop_reason(event.finish, event.stop_sequence),
+                        "stop_sequence": event.stop_sequence,
+                    },
                     "usage": {"output_tokens": event.num_output_tokens},
                 },
             )

@@ -42,21 +42,30 @@ class BodyLimit:
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             return await self._reject(send, scope["path"])
-        seen = 0
-
-        async def limited():
-            nonlocal seen
+        # The body is read here, at most `limit` bytes, and handed to the app whole; later
+        # receive() calls (a disconnect) reach the server as usual.
+        chunks, seen = [], 0
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLarge
-            return message
+            if message["type"] != "http.request":
+                return  # the client left while sending
+            chunk = message.get("body", b"")
+            seen += len(chunk)
+            if seen > self.limit:
+                return await self._reject(send, scope["path"])
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        replayed = False
 
-        try:
-            await self.app(scope, limited, send)
-        except _TooLarge:
-            await self._reject(send, scope["path"])
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+        await self.app(scope, replay, send)
 
     async def _reject(self, send, path: str) -> None:
         error = APIError(413, f"request body larger than {self.limit} bytes")
@@ -69,10 +78,6 @@ class BodyLimit:
             }
         )
         await send({"type": "http.response.body", "body": body})
-
-
-class _TooLarge(Exception):
-    pass
 
 
 def create_app(
@@ -107,8 +112,10 @@ def create_app(
         if api_key is None:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        given = token.strip() if scheme.lower() == "bearer" else request.headers.get("x-api-key")
-        if given is None or not hmac.compare_digest(given.encode(), api_key.encode()):
+        offered = [token.strip()] if scheme.lower() == "bearer" else []
+        offered += request.headers.getlist("x-api-key")
+        # Any credential that matches will do: Claude Code may send both headers at once.
+        if not any(hmac.compare_digest(k.encode(), api_key.encode()) for k in offered):
             raise APIError(401, "missing or invalid API key", kind="authentication_error")
 
     auth = [Depends(check_key)]

@@ -10,11 +10,13 @@ translates its wire format into a `TurnRequest` and these events back into its o
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal
 
 from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from lucedesk.engine import (
     CallDelta,
@@ -32,6 +34,35 @@ from lucedesk.engine import (
 )
 
 Finish = Literal["stop", "length", "tool_calls", "error"]
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def dumps(obj) -> str:
+    """JSON for the wire: ASCII-escaped, so text that is not valid UTF-8 (a lone surrogate
+    a client sent) can never break a response halfway."""
+    return json.dumps(obj, ensure_ascii=True)
+
+
+class Json(JSONResponse):
+    def render(self, content) -> bytes:
+        return dumps(content).encode()
+
+
+class TurnStream(StreamingResponse):
+    """A streamed reply that cancels its turn however the stream ends: the client left, or
+    sending failed before the turn's own events began."""
+
+    def __init__(self, turn: Turn, content, media_type: str = "text/event-stream") -> None:
+        headers = SSE_HEADERS if media_type == "text/event-stream" else None
+        super().__init__(content, media_type=media_type, headers=headers)
+        self.turn = turn
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if not self.turn.finished:
+                self.turn.cancel()
 
 
 @dataclass(slots=True)
@@ -70,6 +101,7 @@ class TurnEnd:
     num_output_tokens: int
     error: str | None = None
     logprobs: tuple[TokenLogprob, ...] = ()  # of the last delta, not yet handed out
+    stop_sequence: str | None = None
 
 
 TurnEvent = TextPiece | CallDelta | TurnEnd
@@ -84,6 +116,7 @@ class TurnResult:
     num_output_tokens: int
     error: str | None
     logprobs: list[TokenLogprob]
+    stop_sequence: str | None = None
 
 
 def encode(engine: Engine, req: TurnRequest):
@@ -92,7 +125,7 @@ def encode(engine: Engine, req: TurnRequest):
     if req.prompt_ids is not None:
         grammar = req.response_format
         if grammar is not None:
-            engine.grammars.check(grammar)
+            engine.check_grammar(grammar)
         return req.prompt_ids, grammar, None
     prompt = engine.encode_chat(
         req.messages, req.tools, req.tool_choice, req.parallel_tool_calls, req.response_format
@@ -161,6 +194,7 @@ class Turn:
                     out.num_output_tokens,
                     out.error,
                     logprobs,
+                    out.stop_sequence,
                 )
         finally:
             if not self.finished:
@@ -201,11 +235,14 @@ class Turn:
             end.num_output_tokens,
             end.error,
             logprobs,
+            end.stop_sequence,
         )
 
     def _finish(self, reason: FinishReason | None) -> Finish:
         if reason is FinishReason.ERROR:
             return "error"
+        if reason is FinishReason.LENGTH:  # a call cut short too: the client must know
+            return "length"
         if self.parser is not None and self.parser.calls:
             return "tool_calls"
-        return "length" if reason is FinishReason.LENGTH else "stop"
+        return "stop"

@@ -109,6 +109,9 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
         first = exc.errors()[0] if exc.errors() else {}
+        if first.get("type") == "json_invalid":
+            error = APIError(400, f"malformed JSON body: {first.get('msg', '')}".rstrip(": "))
+            return error_response(error, request.url.path)
         param = field_path(first.get("loc", ()))
         message = first.get("msg", "invalid request body")
         if param:

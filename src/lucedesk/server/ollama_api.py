@@ -12,13 +12,21 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from lucedesk import __version__
 from lucedesk.engine import CallDelta, Grammar, RequestError, Tool, ToolCall, ToolChoice
 from lucedesk.server import errors
-from lucedesk.server.chat_turn import TextPiece, TurnEnd, TurnRequest, submit_turn
+from lucedesk.server.chat_turn import (
+    Json,
+    TextPiece,
+    TurnEnd,
+    TurnRequest,
+    TurnStream,
+    dumps,
+    submit_turn,
+)
 from lucedesk.server.errors import TEXT_ONLY, APIError
 from lucedesk.server.served import Served, owner_label
 
@@ -49,7 +57,7 @@ class ToolCallIn(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: str
-    content: str = ""
+    content: str | None = ""
     images: list[str] | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_name: str | None = None
@@ -143,10 +151,15 @@ def messages_of(body: ChatRequest) -> list[dict]:
                 )
             pending.remove(match)
             out.append(
-                {"role": "tool", "tool_call_id": match.id, "name": match.name, "content": m.content}
+                {
+                    "role": "tool",
+                    "tool_call_id": match.id,
+                    "name": match.name,
+                    "content": m.content or "",
+                }
             )
         elif m.role in ("system", "user", "assistant"):
-            out.append({"role": m.role, "content": m.content})
+            out.append({"role": m.role, "content": m.content or ""})
         else:
             raise RequestError(
                 f"messages[{i}].role must be system, user, assistant or tool", f"messages[{i}].role"
@@ -346,8 +359,8 @@ async def answer(turn, stream: bool, model: str, request: Request, chat: bool):
                 line["message"]["tool_calls"] = [_call(c) for c in done.calls]
         else:
             line["response"] = done.text
-        return JSONResponse(line)
-    return StreamingResponse(ndjson(turn, model, chat, started), media_type="application/x-ndjson")
+        return Json(line)
+    return TurnStream(turn, ndjson(turn, model, chat, started), "application/x-ndjson")
 
 
 def _call(call: ToolCall) -> dict:
@@ -363,7 +376,7 @@ async def ndjson(turn, model: str, chat: bool, started: float) -> AsyncIterator[
     with done, done_reason and the counts."""
 
     def line(obj: dict) -> str:
-        return json.dumps(obj, ensure_ascii=False) + "\n"
+        return dumps(obj) + "\n"
 
     def piece(text: str, calls: list[dict] | None = None) -> dict:
         if chat:

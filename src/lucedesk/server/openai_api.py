@@ -3,23 +3,28 @@ The wire format lives in openai_wire.py; this module turns it into chat turns an
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
 
 from lucedesk.engine import CallDelta, RequestError
 from lucedesk.server import errors
 from lucedesk.server import openai_wire as wire
-from lucedesk.server.chat_turn import TextPiece, Turn, TurnEnd, TurnRequest, submit_turn
+from lucedesk.server.chat_turn import (
+    Json,
+    TextPiece,
+    Turn,
+    TurnEnd,
+    TurnRequest,
+    TurnStream,
+    dumps,
+    submit_turn,
+)
 from lucedesk.server.errors import APIError
 from lucedesk.server.openai_wire import ChatCompletionRequest, CompletionRequest, SamplingFields
 from lucedesk.server.served import Served, owner_label
-
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def sampling_of(body: SamplingFields, max_tokens: int | None) -> dict:
@@ -32,7 +37,7 @@ def sampling_of(body: SamplingFields, max_tokens: int | None) -> dict:
         min_p=body.min_p,
         seed=body.seed,
         stop=tuple(stop),
-        ignore_eos=body.ignore_eos,
+        ignore_eos=bool(body.ignore_eos),
     )
 
 
@@ -41,7 +46,7 @@ def routes(served: Served) -> APIRouter:
 
     def check_common(body: SamplingFields) -> None:
         served.check_model(body.model)
-        if body.n != 1:
+        if body.n not in (None, 1):
             raise APIError(400, "n must be 1", "n")
 
     @router.post("/v1/chat/completions")
@@ -52,7 +57,7 @@ def routes(served: Served) -> APIRouter:
                 messages=wire.messages_of(body),
                 tools=wire.tools_of(body),
                 tool_choice=wire.tool_choice_of(body),
-                parallel_tool_calls=body.parallel_tool_calls,
+                parallel_tool_calls=body.parallel_tool_calls is not False,
                 response_format=wire.grammar_of(body.response_format),
                 logprobs=(body.top_logprobs or 0) if body.logprobs else None,
                 **sampling_of(body, body.max_completion_tokens or body.max_tokens),
@@ -60,7 +65,8 @@ def routes(served: Served) -> APIRouter:
             turn = submit_turn(served.engine(), turn_request, owner_label(request))
         except RequestError as exc:
             raise errors.from_request_error(exc) from None
-        return await Reply(served, turn, chat=True, logprobs=body.logprobs).answer(body, request)
+        reply = Reply(served, turn, chat=True, logprobs=bool(body.logprobs))
+        return await reply.answer(body, request)
 
     @router.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -100,13 +106,12 @@ class Reply:
         self.created = int(time.time())
         self.model = served.model_id
         self.format_logprobs = wire.LogprobFormatter(turn.engine)
+        self.text_offset = 0  # of the next streamed token, for text completions' logprobs
 
     async def answer(self, body: SamplingFields, request: Request):
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(
-                self.stream(include_usage), media_type="text/event-stream", headers=SSE_HEADERS
-            )
+            return TurnStream(self.turn, self.stream(include_usage))
         done = await self.turn.complete(request)
         if done.finish == "error":
             raise APIError(500, f"generation failed: {done.error}", kind="server_error")
@@ -128,7 +133,7 @@ class Reply:
                 "finish_reason": done.finish,
                 "logprobs": logprobs,
             }
-        return JSONResponse(
+        return Json(
             {
                 "id": self.rid,
                 "object": "chat.completion" if self.chat else "text_completion",
@@ -149,13 +154,15 @@ class Reply:
         }
         if usage is not None:
             payload["usage"] = usage
-        return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+        return f"data: {dumps(payload)}\n\n"
 
     def piece(self, delta: dict, logprobs: tuple = (), reason: str | None = None) -> dict:
         lp = None
-        if self.want_logprobs and logprobs:
-            fmt = self.format_logprobs
-            lp = fmt.chat(logprobs) if self.chat else fmt.completion(logprobs)
+        if self.want_logprobs and logprobs and self.chat:
+            lp = self.format_logprobs.chat(logprobs)
+        elif self.want_logprobs and logprobs:  # offsets run on across the chunks
+            lp = self.format_logprobs.completion(logprobs, self.text_offset)
+            self.text_offset = lp["text_offset"][-1] + len(lp["tokens"][-1])
         if self.chat:
             return {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": lp}
         text = delta.get("content", "")
@@ -178,7 +185,7 @@ class Reply:
                     body = errors.error_body(
                         f"generation failed: {event.error}", "server_error", None, "500"
                     )
-                    yield f"data: {json.dumps(body)}\n\n"
+                    yield f"data: {dumps(body)}\n\n"
                 else:
                     yield self.event(self.piece({}, (), event.finish))
                 if include_usage:

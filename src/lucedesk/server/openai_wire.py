@@ -103,19 +103,19 @@ class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
-    stream: bool = False
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     seed: int | None = None
     stop: str | list[str] | None = None
-    n: int = Field(default=1, ge=1)
+    n: int | None = Field(default=1, ge=1)
     response_format: ResponseFormat | None = None
     # Extensions (vLLM and llama.cpp spell them the same way).
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    ignore_eos: bool = False
+    ignore_eos: bool | None = False
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -123,8 +123,8 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     tools: list[ToolDef] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool = True
-    logprobs: bool = False
+    parallel_tool_calls: bool | None = True
+    logprobs: bool | None = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
 
 
@@ -219,7 +219,7 @@ class LogprobFormatter:
         self.engine = engine
 
     def _token(self, token_id: int) -> tuple[str, list[int]]:
-        raw = self.engine.grammars.token_bytes(token_id)
+        raw = self.engine.token_bytes(token_id)
         return raw.decode("utf-8", errors="replace"), list(raw)
 
     def chat(self, logprobs: list[TokenLogprob] | tuple[TokenLogprob, ...]) -> dict:

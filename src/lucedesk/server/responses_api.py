@@ -4,20 +4,31 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from lucedesk.engine import CallDelta, Grammar, RequestError, Tool, ToolCall, ToolChoice
 from lucedesk.server import errors
-from lucedesk.server.chat_turn import TextPiece, TurnEnd, TurnRequest, TurnResult, submit_turn
+from lucedesk.server.chat_turn import (
+    Json,
+    TextPiece,
+    TurnEnd,
+    TurnRequest,
+    TurnResult,
+    TurnStream,
+    dumps,
+    submit_turn,
+)
 from lucedesk.server.errors import TEXT_ONLY, APIError
 from lucedesk.server.served import Served, owner_label
+
+log = logging.getLogger(__name__)
 
 
 class FunctionTool(BaseModel):
@@ -121,7 +132,7 @@ def messages_of(body: ResponsesRequest) -> list[dict]:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
             call_id = item.get("call_id")
-            if call_id not in calls_made:
+            if not isinstance(call_id, str) or call_id not in calls_made:
                 raise RequestError(
                     f"{field}.call_id {call_id!r} matches no earlier function_call",
                     f"{field}.call_id",
@@ -146,12 +157,15 @@ def messages_of(body: ResponsesRequest) -> list[dict]:
 
 
 def tools_of(body: ResponsesRequest) -> list[Tool]:
+    """The function tools. Hosted tools (web search, a local shell...) are OpenAI's to run:
+    they are left out, with a log line, so a client that always sends them still works."""
     tools = []
     for i, t in enumerate(body.tools or []):
-        if t.type != "function" or not t.name:
-            raise RequestError(
-                f"tools[{i}]: only function tools are served (got {t.type!r})", f"tools[{i}]"
-            )
+        if t.type != "function":
+            log.info("responses: tools[%d] of type %r is not served here; left out", i, t.type)
+            continue
+        if not t.name:
+            raise RequestError(f"tools[{i}].name is required for a function tool", f"tools[{i}]")
         tools.append(Tool(t.name, t.description or "", t.parameters or {"type": "object"}))
     return tools
 
@@ -212,7 +226,7 @@ class Response:
     def usage(num_prompt: int, num_output: int) -> dict:
         return {
             "input_tokens": num_prompt,
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": num_output,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": num_prompt + num_output,
@@ -253,7 +267,7 @@ class Response:
     def event(self, kind: str, **data) -> str:
         payload = {"type": kind, "sequence_number": self.sequence, **data}
         self.sequence += 1
-        return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
+        return f"event: {kind}\ndata: {dumps(payload)}\n\n"
 
     async def stream(self, turn) -> AsyncIterator[str]:
         yield self.event("response.created", response=self.envelope("in_progress", [], None, None))
@@ -271,7 +285,9 @@ class Response:
             if item["type"] == "message":
                 part = {"type": "output_text", "text": text, "annotations": []}
                 loc = {"item_id": item["id"], "output_index": index, "content_index": 0}
-                events.append(self.event("response.output_text.done", **loc, text=text))
+                events.append(
+                    self.event("response.output_text.done", **loc, text=text, logprobs=[])
+                )
                 events.append(self.event("response.content_part.done", **loc, part=part))
                 item = self.message_item(item["id"], text)
             else:
@@ -313,6 +329,7 @@ class Response:
                     output_index=len(output),
                     content_index=0,
                     delta=event.text,
+                    logprobs=[],
                 )
             elif isinstance(event, CallDelta):
                 if event.id is not None:
@@ -389,14 +406,10 @@ def routes(served: Served) -> APIRouter:
             raise errors.from_request_error(exc) from None
         response = Response(body, served.model_id)
         if body.stream:
-            return StreamingResponse(
-                response.stream(turn),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-            )
+            return TurnStream(turn, response.stream(turn))
         done = await turn.complete(request)
         if done.finish == "error":
             raise APIError(500, f"generation failed: {done.error}", kind="server_error")
-        return JSONResponse(response.whole(done))
+        return Json(response.whole(done))
 
     return router

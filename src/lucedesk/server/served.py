@@ -38,6 +38,8 @@ class Served:
         no name at all means the served one."""
         if name is None or name == "" or name in self.names():
             return
+        if name.removesuffix(":latest") in self.names():  # Ollama's default tag
+            return
         raise APIError(
             404,
             f"model {name!r} not found; this server serves {self.model_id!r} "

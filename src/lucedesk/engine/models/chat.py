@@ -38,10 +38,13 @@ class ChatPrompt:
     token_ids: list[int]
     grammar: Grammar | None = None
     tool_format: ToolFormat | None = None
+    tool_names: frozenset[str] = frozenset()
 
     def parser(self) -> ToolCallParser | None:
         """A fresh parser for the reply's tool calls, or None when no tools were offered."""
-        return self.tool_format.parser() if self.tool_format is not None else None
+        if self.tool_format is None:
+            return None
+        return self.tool_format.parser(self.tool_names)
 
 
 def _raise(message: str) -> None:

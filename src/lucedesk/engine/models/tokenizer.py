@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 
-from lucedesk.errors import ModelLoadError
+from lucedesk.errors import ModelLoadError, RequestError
 
 if TYPE_CHECKING:
     from lucedesk.engine.models.gguf_file import GGUFFile
@@ -56,7 +56,10 @@ class Tokenizer:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        try:
+            return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        except TypeError:  # a lone surrogate: text no encoding can write
+            raise RequestError("the text is not valid Unicode (a lone surrogate)") from None
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
