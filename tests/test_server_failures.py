@@ -33,6 +33,7 @@ def server(tiny_llama):
     def faulty(plan):  # any step holding a request from the "poison" client fails
         if any(r.request.owner == "http:poison" for r in plan.rows):
             raise RuntimeError("injected fault")
+        time.sleep(0.005)  # a 900-token reply takes seconds: long enough to walk away from
         return real_execute(plan)
 
     runner.execute = faulty

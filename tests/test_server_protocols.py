@@ -18,9 +18,17 @@ from tests.engine_harness import make_engine
 
 @pytest.fixture(scope="module")
 def server(tiny_llama):
-    engine = make_engine(
-        load_model(tiny_llama, torch.float32), max_slots=4, kv_pool_tokens=8192
-    ).start()
+    engine = make_engine(load_model(tiny_llama, torch.float32), max_slots=4, kv_pool_tokens=8192)
+    # The tiny model needs ~1 ms a step: 5 ms more keeps a 900-token reply running ~5 s, so
+    # a test can watch it run and see the slot come back only because its client left.
+    execute = engine.seq_engine.execute
+
+    def slowed(plan):
+        time.sleep(0.005)
+        return execute(plan)
+
+    engine.seq_engine.execute = slowed
+    engine.start()
     running = start_server(create_app(engine, model_name=["tiny", "alias-2"]), "127.0.0.1", 0)
     yield running.url, engine
     running.stop()

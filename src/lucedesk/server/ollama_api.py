@@ -12,11 +12,10 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from lucedesk import __version__
-from lucedesk.engine import CallDelta, Grammar, RequestError, Tool, ToolCall, ToolChoice
+from lucedesk.engine import CallDelta, Grammar, RequestError, Tool, ToolCall
 from lucedesk.server import errors
 from lucedesk.server.chat_turn import (
     Json,
@@ -28,6 +27,7 @@ from lucedesk.server.chat_turn import (
     submit_turn,
 )
 from lucedesk.server.errors import TEXT_ONLY, APIError
+from lucedesk.server.openai_wire import NamedToolChoice, tool_choice_of
 from lucedesk.server.served import Served, owner_label
 
 # The Ollama API release whose routes and shapes this adapter follows (clients compare it).
@@ -63,15 +63,6 @@ class ChatMessage(BaseModel):
     tool_name: str | None = None
 
 
-class NamedFunction(BaseModel):
-    name: str
-
-
-class NamedChoice(BaseModel):
-    type: Literal["function"]
-    function: NamedFunction
-
-
 class ChatRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: str
@@ -82,7 +73,7 @@ class ChatRequest(BaseModel):
     stream: bool = True
     keep_alive: str | int | float | None = None
     # An extension (Ollama has no way to force a call): OpenAI's values.
-    tool_choice: Literal["auto", "none", "required"] | NamedChoice | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
 
 
 class GenerateRequest(BaseModel):
@@ -178,13 +169,6 @@ def tools_of(body: ChatRequest) -> list[Tool]:
     return tools
 
 
-def tool_choice_of(body: ChatRequest) -> ToolChoice:
-    choice = body.tool_choice
-    if isinstance(choice, NamedChoice):
-        return ToolChoice("function", choice.function.name)
-    return ToolChoice(choice or "auto")
-
-
 def now() -> str:
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
@@ -259,7 +243,7 @@ def routes(served: Served) -> APIRouter:
     async def chat(body: ChatRequest, request: Request):
         served.check_model(body.model)
         if not body.messages:  # Ollama's way to load a model: answer at once
-            return JSONResponse(_done_line(served.model_id, "load", 0, 0, 0.0, chat=True))
+            return Json(_done_line(served.model_id, "load", 0, 0, 0.0, chat=True))
         try:
             turn = submit_turn(
                 served.engine(),
@@ -282,7 +266,7 @@ def routes(served: Served) -> APIRouter:
         if body.images:
             raise APIError(400, f"images: {TEXT_ONLY}", "images")
         if not body.prompt:  # loads the model: answer at once
-            return JSONResponse(_done_line(served.model_id, "load", 0, 0, 0.0, chat=False))
+            return Json(_done_line(served.model_id, "load", 0, 0, 0.0, chat=False))
         eng = served.engine()
         try:
             if body.raw:

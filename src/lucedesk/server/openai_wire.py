@@ -157,7 +157,8 @@ def tools_of(body: ChatCompletionRequest) -> list[Tool]:
     return tools
 
 
-def tool_choice_of(body: ChatCompletionRequest) -> ToolChoice:
+def tool_choice_of(body) -> ToolChoice:
+    """OpenAI's `tool_choice` (of any body that takes it: Ollama's chat takes it too)."""
     choice = body.tool_choice
     if isinstance(choice, NamedToolChoice):
         return ToolChoice("function", choice.function.name)
