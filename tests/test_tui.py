@@ -102,6 +102,13 @@ async def type_and_send(pilot, pane: ChatPane, text: str) -> None:
     await pilot.pause()
 
 
+def replied(pane: ChatPane, count: int) -> bool:
+    """The session holds `count` messages and no reply is still being written (a reply is
+    stored from its first token on)."""
+    messages = pane.session.messages
+    return len(messages) == count and not pane.busy and messages[-1].get("status") == "done"
+
+
 def decoding(app) -> int:
     return sum(s.phase == "decode" for s in app.host.engine.stats().slots)
 
@@ -158,7 +165,7 @@ async def test_fanout_keeps_slots_busy_then_merges(env):
         pane = screen.panes[0]
         await type_and_send(pilot, pane, "/max 60")
         await type_and_send(pilot, pane, "/fanout 4 list some ideas")
-        await wait_for(pilot, lambda: len(pane.session.messages) == 2, 60)
+        await wait_for(pilot, lambda: replied(pane, 2), 60)
         assert decoded_together("sub1:", "sub2:", "sub3:", "sub4:")
         merged = pane.session.messages[-1]
         assert merged["role"] == "assistant"
@@ -167,7 +174,7 @@ async def test_fanout_keeps_slots_busy_then_merges(env):
         # The parent continues from the merged answer.
         await type_and_send(pilot, pane, "/max 5")
         await type_and_send(pilot, pane, "summarize")
-        await wait_for(pilot, lambda: len(pane.session.messages) == 4)
+        await wait_for(pilot, lambda: replied(pane, 4))
 
 
 async def test_bad_input_gets_notices(env):
@@ -204,7 +211,8 @@ async def test_sessions_survive_a_restart(env):
         await type_and_send(pilot, pane, "/max 8")
         await type_and_send(pilot, pane, "/title remembered")
         await type_and_send(pilot, pane, "hello there")
-        await wait_for(pilot, lambda: len(pane.session.messages) == 2)
+        await wait_for(pilot, lambda: replied(pane, 2))
+        assert pane.session.messages[-1]["status"] == "done"
         reply = pane.session.messages[-1]["content"]
     again = make_app(env)
     async with again.run_test(size=SIZE) as pilot:
@@ -291,7 +299,7 @@ async def test_profile_switch_rebuilds_engine_and_keeps_chats(env):
         assert [m["role"] for m in pane.session.messages] == ["user", "assistant"]
         await type_and_send(pilot, pane, "/max 4")
         await type_and_send(pilot, pane, "still here?")
-        await wait_for(pilot, lambda: len(pane.session.messages) == 4)
+        await wait_for(pilot, lambda: replied(pane, 4))
 
 
 async def test_session_on_a_remote_server(env, tiny_llama):
@@ -315,7 +323,7 @@ async def test_session_on_a_remote_server(env, tiny_llama):
             await type_and_send(pilot, pane, f"/backend {running.url}")
             await type_and_send(pilot, pane, "/max 6")
             await type_and_send(pilot, pane, "hello from afar")
-            await wait_for(pilot, lambda: len(pane.session.messages) == 2)
+            await wait_for(pilot, lambda: replied(pane, 2))
             assert far.stats().num_completed == 1
             assert app.host.engine.stats().num_completed == 0
             await pilot.press("ctrl+g")
@@ -337,14 +345,14 @@ async def test_model_switch_keeps_chats(env, tiny_models):
         pane = screen.panes[0]
         await type_and_send(pilot, pane, "/max 4")
         await type_and_send(pilot, pane, "first")
-        await wait_for(pilot, lambda: len(pane.session.messages) == 2)
+        await wait_for(pilot, lambda: replied(pane, 2))
         await type_and_send(pilot, pane, "/model /no/such/model.gguf")
         await wait_for(pilot, lambda: any("Model switch failed" in t for t, _ in app.notices))
         assert app.host.built.loaded.name == "llama" and app.host.engine.running
         await type_and_send(pilot, pane, f"/model {tiny_models['qwen3']}")
         await wait_for(pilot, lambda: app.host.built.loaded.name == "qwen3", 60)
         await type_and_send(pilot, pane, "second")
-        await wait_for(pilot, lambda: len(pane.session.messages) == 4)
+        await wait_for(pilot, lambda: replied(pane, 4))
         assert pane.session.messages[0]["content"] == "first"
 
 
@@ -374,3 +382,19 @@ async def test_a_reply_is_saved_while_it_streams(env):
         await wait_for(pilot, lambda: not pane.busy)
         status, content = saved()
         assert status == "done" and content == pane.session.messages[-1]["content"]
+
+
+async def test_a_reply_cut_by_a_crash_shows_as_interrupted(env):
+    """A reply still streaming when the process died comes back marked interrupted."""
+    store = Store(env[0] / "sessions.db")
+    session = store.create_session("before the crash")
+    store.add_message(session, "user", "tell me a story")
+    store.update_reply(store.begin_reply(session), "Once upon a")  # then: kill -9
+    store.close()
+    app = make_app(env)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await started(pilot)
+        pane = screen.panes[0]
+        assert [m["status"] for m in pane.session.messages] == ["done", "interrupted"]
+        labels = [str(label.render()) for label in pane.query("MessageView Label")]
+        assert labels[-1] == "assistant · interrupted"
