@@ -6,6 +6,10 @@
     handle = engine.submit(prompt.token_ids, params, owner="me")
     async for out in handle: ...            # RequestOutput deltas; prompt.parser() reads calls
 
+or, for a chat turn with its reply read as text and tool-call events, in one call:
+
+    turn = submit_turn(engine, TurnRequest(messages, tools, tool_choice), owner="me")
+
 Clients import from here, never from the modules behind it. This module imports no torch;
 the names that build an engine (and load torch) are loaded on first use.
 """
@@ -22,6 +26,15 @@ from lucedesk.engine.request import MAX_TOP_LOGPROBS, FinishReason, SamplingPara
 from lucedesk.engine.stats import EngineStats, HistogramSnapshot, SlotStats
 from lucedesk.engine.tool_calls import Tool, ToolCall, ToolChoice
 from lucedesk.engine.tool_parser import CallDelta, TextDelta, ToolCallParser
+from lucedesk.engine.turn import (
+    TextPiece,
+    Turn,
+    TurnEnd,
+    TurnEvent,
+    TurnRequest,
+    TurnResult,
+    submit_turn,
+)
 from lucedesk.errors import RequestError
 
 if TYPE_CHECKING:
@@ -48,13 +61,20 @@ __all__ = [
     "SamplingParams",
     "SlotStats",
     "TextDelta",
+    "TextPiece",
     "TokenLogprob",
     "Tool",
     "ToolCall",
     "ToolCallParser",
     "ToolChoice",
+    "Turn",
+    "TurnEnd",
+    "TurnEvent",
+    "TurnRequest",
+    "TurnResult",
     "kernel_build_notice",
     "launch_engine",
+    "submit_turn",
 ]
 
 

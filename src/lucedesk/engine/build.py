@@ -142,6 +142,7 @@ def launch_engine(model_path: str | Path, config: EngineConfig) -> BuiltEngine:
     if isinstance(result, BaseException):
         raise result
     result.engine.adopt_thread(thread)
+    result.engine.warm_up()
     return result
 
 

@@ -102,6 +102,14 @@ class Engine:
             self._thread.start()
         return self
 
+    def warm_up(self) -> None:
+        """Builds llguidance's view of the vocabulary on a thread of its own (~0.2 s for 49k
+        tokens, more for larger ones), so the first request with a grammar or logprobs does
+        not wait for it."""
+        threading.Thread(
+            target=lambda: self.grammars.ll_tokenizer, name="lucedesk-grammar-warm-up", daemon=True
+        ).start()
+
     def adopt_thread(self, thread: threading.Thread) -> None:
         """Record the thread that calls run_forever(), so shutdown() can wait for it."""
         self._thread = thread

@@ -11,18 +11,20 @@ from typing import Any, Literal
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from lucedesk.engine import CallDelta, RequestError, Tool, ToolCall, ToolChoice
-from lucedesk.server import errors
-from lucedesk.server.chat_turn import (
-    Json,
+from lucedesk.engine import (
+    CallDelta,
+    RequestError,
     TextPiece,
+    Tool,
+    ToolCall,
+    ToolChoice,
     TurnEnd,
     TurnRequest,
-    TurnStream,
-    dumps,
     submit_turn,
 )
+from lucedesk.server import errors
 from lucedesk.server.errors import TEXT_ONLY, APIError
+from lucedesk.server.replies import Json, TurnStream, dumps
 from lucedesk.server.served import Served, owner_label
 
 
@@ -232,7 +234,7 @@ def routes(served: Served) -> APIRouter:
         mid = "msg_" + uuid.uuid4().hex[:24]
         if body.stream:
             return TurnStream(turn, stream(turn, mid, served.model_id))
-        done = await turn.complete(request)
+        done = await turn.complete(request.is_disconnected)
         if done.finish == "error":
             raise APIError(500, f"generation failed: {done.error}", kind="server_error")
         content: list[dict] = [{"type": "text", "text": done.text}] if done.text.strip() else []

@@ -15,19 +15,21 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from lucedesk import __version__
-from lucedesk.engine import CallDelta, Grammar, RequestError, Tool, ToolCall
-from lucedesk.server import errors
-from lucedesk.server.chat_turn import (
-    Json,
+from lucedesk.engine import (
+    CallDelta,
+    Grammar,
+    RequestError,
     TextPiece,
+    Tool,
+    ToolCall,
     TurnEnd,
     TurnRequest,
-    TurnStream,
-    dumps,
     submit_turn,
 )
+from lucedesk.server import errors
 from lucedesk.server.errors import TEXT_ONLY, APIError
 from lucedesk.server.openai_wire import NamedToolChoice, tool_choice_of
+from lucedesk.server.replies import Json, TurnStream, dumps
 from lucedesk.server.served import Served, owner_label
 
 # The Ollama API release whose routes and shapes this adapter follows (clients compare it).
@@ -43,6 +45,7 @@ class Options(BaseModel):
     seed: int | None = None
     num_predict: int | None = None
     stop: list[str] | None = None
+    ignore_eos: bool | None = None  # an extension, as on the OpenAI routes
 
 
 class FunctionCall(BaseModel):
@@ -115,6 +118,7 @@ def sampling_of(options: Options | None) -> dict:
         min_p=o.min_p,
         seed=o.seed,
         stop=tuple(o.stop or ()),
+        ignore_eos=bool(o.ignore_eos),
     )
 
 
@@ -326,7 +330,7 @@ def _done_line(
 async def answer(turn, stream: bool, model: str, request: Request, chat: bool):
     started = time.perf_counter()
     if not stream:
-        done = await turn.complete(request)
+        done = await turn.complete(request.is_disconnected)
         if done.finish == "error":
             raise APIError(500, f"generation failed: {done.error}", kind="server_error")
         line = _done_line(

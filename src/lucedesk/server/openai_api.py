@@ -9,21 +9,20 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 
-from lucedesk.engine import CallDelta, RequestError
-from lucedesk.server import errors
-from lucedesk.server import openai_wire as wire
-from lucedesk.server.chat_turn import (
-    Json,
+from lucedesk.engine import (
+    CallDelta,
+    RequestError,
     TextPiece,
     Turn,
     TurnEnd,
     TurnRequest,
-    TurnStream,
-    dumps,
     submit_turn,
 )
+from lucedesk.server import errors
+from lucedesk.server import openai_wire as wire
 from lucedesk.server.errors import APIError
 from lucedesk.server.openai_wire import ChatCompletionRequest, CompletionRequest, SamplingFields
+from lucedesk.server.replies import Json, TurnStream, dumps
 from lucedesk.server.served import Served, owner_label
 
 
@@ -112,7 +111,7 @@ class Reply:
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return TurnStream(self.turn, self.stream(include_usage))
-        done = await self.turn.complete(request)
+        done = await self.turn.complete(request.is_disconnected)
         if done.finish == "error":
             raise APIError(500, f"generation failed: {done.error}", kind="server_error")
         logprobs = None

@@ -13,19 +13,22 @@ from typing import Any, Literal
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from lucedesk.engine import CallDelta, Grammar, RequestError, Tool, ToolCall, ToolChoice
-from lucedesk.server import errors
-from lucedesk.server.chat_turn import (
-    Json,
+from lucedesk.engine import (
+    CallDelta,
+    Grammar,
+    RequestError,
     TextPiece,
+    Tool,
+    ToolCall,
+    ToolChoice,
     TurnEnd,
     TurnRequest,
     TurnResult,
-    TurnStream,
-    dumps,
     submit_turn,
 )
+from lucedesk.server import errors
 from lucedesk.server.errors import TEXT_ONLY, APIError
+from lucedesk.server.replies import Json, TurnStream, dumps
 from lucedesk.server.served import Served, owner_label
 
 log = logging.getLogger(__name__)
@@ -407,7 +410,7 @@ def routes(served: Served) -> APIRouter:
         response = Response(body, served.model_id)
         if body.stream:
             return TurnStream(turn, response.stream(turn))
-        done = await turn.complete(request)
+        done = await turn.complete(request.is_disconnected)
         if done.finish == "error":
             raise APIError(500, f"generation failed: {done.error}", kind="server_error")
         return Json(response.whole(done))

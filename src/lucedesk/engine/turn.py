@@ -1,68 +1,30 @@
 """One chat turn, protocol-neutral: the request in engine terms, submitted, and its reply as
-a stream of events (text, tool-call pieces, the end) or as a whole. Every protocol adapter
-translates its wire format into a `TurnRequest` and these events back into its own shape.
+a stream of events (text, tool-call pieces, the end) or as a whole. Every HTTP protocol
+adapter translates its wire format into a `TurnRequest` and these events back into its own
+shape; agents run their model turns through the same path.
 
     turn = submit_turn(engine, TurnRequest(messages, tools, ...), owner="http:curl")
     async for event in turn.events(): ...        # TextPiece | CallDelta | TurnEnd
-    result = await turn.complete(request)        # the whole reply; cancels if the client left
+    result = await turn.complete(gone)           # the whole reply; cancels once gone() says so
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from lucedesk.engine.grammar import Grammar
+from lucedesk.engine.handle import RequestHandle, TokenLogprob
+from lucedesk.engine.request import FinishReason, SamplingParams
+from lucedesk.engine.tool_calls import Tool, ToolCall, ToolChoice
+from lucedesk.engine.tool_parser import CallDelta, TextDelta, ToolCallParser
 
-from lucedesk.engine import (
-    CallDelta,
-    Engine,
-    FinishReason,
-    Grammar,
-    RequestHandle,
-    SamplingParams,
-    TextDelta,
-    TokenLogprob,
-    Tool,
-    ToolCall,
-    ToolCallParser,
-    ToolChoice,
-)
+if TYPE_CHECKING:
+    from lucedesk.engine.engine import Engine
 
 Finish = Literal["stop", "length", "tool_calls", "error"]
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
-def dumps(obj) -> str:
-    """JSON for the wire: ASCII-escaped, so text that is not valid UTF-8 (a lone surrogate
-    a client sent) can never break a response halfway."""
-    return json.dumps(obj, ensure_ascii=True)
-
-
-class Json(JSONResponse):
-    def render(self, content) -> bytes:
-        return dumps(content).encode()
-
-
-class TurnStream(StreamingResponse):
-    """A streamed reply that cancels its turn however the stream ends: the client left, or
-    sending failed before the turn's own events began."""
-
-    def __init__(self, turn: Turn, content, media_type: str = "text/event-stream") -> None:
-        headers = SSE_HEADERS if media_type == "text/event-stream" else None
-        super().__init__(content, media_type=media_type, headers=headers)
-        self.turn = turn
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            if not self.turn.finished:
-                self.turn.cancel()
 
 
 @dataclass(slots=True)
@@ -200,13 +162,14 @@ class Turn:
             if not self.finished:
                 self.cancel()
 
-    async def complete(self, request: Request | None = None) -> TurnResult:
-        """The whole reply; cancels the request if `request`'s client goes away first."""
+    async def complete(self, gone: Callable[[], Awaitable[bool]] | None = None) -> TurnResult:
+        """The whole reply; cancels the request once `gone()` (polled twice a second) says
+        its client went away."""
         result = asyncio.ensure_future(self._collect())
         try:
             while not result.done():
                 await asyncio.wait({result}, timeout=0.5)
-                if not result.done() and request is not None and await request.is_disconnected():
+                if not result.done() and gone is not None and await gone():
                     self.cancel()
             return result.result()
         finally:
