@@ -181,18 +181,6 @@ def wait_until(predicate, timeout: float = 30.0, interval: float = 0.01) -> None
         time.sleep(interval)
 
 
-def has_cpp_compiler() -> bool:
-    from lucedesk.kernels.cpu import find_compiler
-
-    return find_compiler() is not None
-
-
-# Only a missing compiler skips: where one exists, a kernel that fails to build fails.
-requires_cpu_kernels = pytest.mark.skipif(
-    not has_cpp_compiler(), reason="no C++ compiler for the CPU kernels"
-)
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -13,7 +13,6 @@ import torch
 from lucedesk.kernels.attention_torch import paged_attention_torch
 from lucedesk.kernels.cpu import Int8Weight, add_rms_norm_cpu, paged_attention_cpu, rotary_cpu
 from lucedesk.kernels.layers_torch import add_rms_norm_torch, rotary_torch
-from tests.conftest import requires_cpu_kernels
 from tests.kernel_cases import (
     CASES,
     LAYER_CASES,
@@ -23,8 +22,6 @@ from tests.kernel_cases import (
     make_batch,
     rotary_inputs,
 )
-
-pytestmark = requires_cpu_kernels
 
 
 @pytest.mark.parametrize("ratio,head_dim,dtype,block_size,seqs", CASES)

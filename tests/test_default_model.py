@@ -11,7 +11,6 @@ import torch
 
 from lucedesk.engine.models.chat import render_chat
 from lucedesk.engine.models.loader import load_model
-from tests.conftest import requires_cpu_kernels
 
 pytestmark = pytest.mark.default_model
 
@@ -213,7 +212,6 @@ def next_token_predictions(loaded, token_ids: list[int]) -> torch.Tensor:
         return model.compute_logits(hidden).argmax(-1)
 
 
-@requires_cpu_kernels
 def test_int8_weights_keep_the_models_predictions(default_model, ours):
     """Weight-only int8 (on the bf16 model) predicts the next token of real text as the fp32
     model does nearly everywhere, about as often as plain bf16 does."""

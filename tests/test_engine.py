@@ -10,7 +10,7 @@ import torch
 from lucedesk.engine.models.loader import load_model
 from lucedesk.engine.request import FinishReason, SamplingParams
 from lucedesk.errors import RequestError
-from tests.conftest import requires_cpu_kernels, wait_until
+from tests.conftest import wait_until
 from tests.engine_harness import make_engine
 
 GREEDY = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
@@ -188,7 +188,6 @@ def test_queue_limit(loaded):
     engine.shutdown()
 
 
-@requires_cpu_kernels
 def test_weight_formats_follow_the_model_and_kernels(tiny_llama):
     """`auto` takes int8 weights only where the C++ kernels run a bf16 model on AMX; asking
     for int8 elsewhere, or for another format once quantized, is a clear configuration
