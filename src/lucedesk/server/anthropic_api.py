@@ -22,7 +22,6 @@ from lucedesk.engine import (
     TurnRequest,
     submit_turn,
 )
-from lucedesk.server import errors
 from lucedesk.server.errors import TEXT_ONLY, APIError
 from lucedesk.server.replies import Json, TurnStream, dumps
 from lucedesk.server.served import Served, owner_label
@@ -212,25 +211,22 @@ def routes(served: Served) -> APIRouter:
     @router.post("/v1/messages")
     async def messages(body: MessagesRequest, request: Request):
         served.check_model(body.model)
-        try:
-            choice, parallel = tool_choice_of(body.tool_choice)
-            turn = submit_turn(
-                served.engine(),
-                TurnRequest(
-                    messages=messages_of(body),
-                    tools=tools_of(body),
-                    tool_choice=choice,
-                    parallel_tool_calls=parallel,
-                    max_tokens=body.max_tokens,
-                    temperature=body.temperature,
-                    top_p=body.top_p,
-                    top_k=body.top_k,
-                    stop=tuple(body.stop_sequences or ()),
-                ),
-                owner_label(request),
-            )
-        except RequestError as exc:
-            raise errors.from_request_error(exc) from None
+        choice, parallel = tool_choice_of(body.tool_choice)
+        turn = submit_turn(
+            served.engine(),
+            TurnRequest(
+                messages=messages_of(body),
+                tools=tools_of(body),
+                tool_choice=choice,
+                parallel_tool_calls=parallel,
+                max_tokens=body.max_tokens,
+                temperature=body.temperature,
+                top_p=body.top_p,
+                top_k=body.top_k,
+                stop=tuple(body.stop_sequences or ()),
+            ),
+            owner_label(request),
+        )
         mid = "msg_" + uuid.uuid4().hex[:24]
         if body.stream:
             return TurnStream(turn, stream(turn, mid, served.model_id))
@@ -261,10 +257,7 @@ def routes(served: Served) -> APIRouter:
     @router.post("/v1/messages/count_tokens")
     async def count_tokens(body: CountTokensRequest):
         served.check_model(body.model)
-        try:
-            prompt = served.engine().encode_chat(messages_of(body), tools_of(body))
-        except RequestError as exc:
-            raise errors.from_request_error(exc) from None
+        prompt = served.engine().encode_chat(messages_of(body), tools_of(body))
         return {"input_tokens": len(prompt.token_ids)}
 
     return router

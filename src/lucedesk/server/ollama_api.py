@@ -26,7 +26,6 @@ from lucedesk.engine import (
     TurnRequest,
     submit_turn,
 )
-from lucedesk.server import errors
 from lucedesk.server.errors import TEXT_ONLY, APIError
 from lucedesk.server.openai_wire import NamedToolChoice, tool_choice_of
 from lucedesk.server.replies import Json, TurnStream, dumps
@@ -248,20 +247,17 @@ def routes(served: Served) -> APIRouter:
         served.check_model(body.model)
         if not body.messages:  # Ollama's way to load a model: answer at once
             return Json(_done_line(served.model_id, "load", 0, 0, 0.0, chat=True))
-        try:
-            turn = submit_turn(
-                served.engine(),
-                TurnRequest(
-                    messages=messages_of(body),
-                    tools=tools_of(body),
-                    tool_choice=tool_choice_of(body),
-                    response_format=grammar_of(body.format),
-                    **sampling_of(body.options),
-                ),
-                owner_label(request),
-            )
-        except RequestError as exc:
-            raise errors.from_request_error(exc) from None
+        turn = submit_turn(
+            served.engine(),
+            TurnRequest(
+                messages=messages_of(body),
+                tools=tools_of(body),
+                tool_choice=tool_choice_of(body),
+                response_format=grammar_of(body.format),
+                **sampling_of(body.options),
+            ),
+            owner_label(request),
+        )
         return await answer(turn, body.stream, served.model_id, request, chat=True)
 
     @router.post("/api/generate")
@@ -272,25 +268,22 @@ def routes(served: Served) -> APIRouter:
         if not body.prompt:  # loads the model: answer at once
             return Json(_done_line(served.model_id, "load", 0, 0, 0.0, chat=False))
         eng = served.engine()
-        try:
-            if body.raw:
-                request_fields = {"prompt_ids": eng.tokenizer.encode(body.prompt)}
-            else:
-                messages = [{"role": "system", "content": body.system}] if body.system else []
-                messages.append({"role": "user", "content": body.prompt})
-                request_fields = {"messages": messages}
-            turn = submit_turn(
-                eng,
-                TurnRequest(
-                    **request_fields,
-                    prompt_field="prompt",
-                    response_format=grammar_of(body.format),
-                    **sampling_of(body.options),
-                ),
-                owner_label(request),
-            )
-        except RequestError as exc:
-            raise errors.from_request_error(exc) from None
+        if body.raw:
+            request_fields = {"prompt_ids": eng.tokenizer.encode(body.prompt)}
+        else:
+            messages = [{"role": "system", "content": body.system}] if body.system else []
+            messages.append({"role": "user", "content": body.prompt})
+            request_fields = {"messages": messages}
+        turn = submit_turn(
+            eng,
+            TurnRequest(
+                **request_fields,
+                prompt_field="prompt",
+                response_format=grammar_of(body.format),
+                **sampling_of(body.options),
+            ),
+            owner_label(request),
+        )
         return await answer(turn, body.stream, served.model_id, request, chat=False)
 
     return router

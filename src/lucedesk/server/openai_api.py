@@ -11,7 +11,6 @@ from fastapi import APIRouter, Request
 
 from lucedesk.engine import (
     CallDelta,
-    RequestError,
     TextPiece,
     Turn,
     TurnEnd,
@@ -51,19 +50,16 @@ def routes(served: Served) -> APIRouter:
     @router.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
         check_common(body)
-        try:
-            turn_request = TurnRequest(
-                messages=wire.messages_of(body),
-                tools=wire.tools_of(body),
-                tool_choice=wire.tool_choice_of(body),
-                parallel_tool_calls=body.parallel_tool_calls is not False,
-                response_format=wire.grammar_of(body.response_format),
-                logprobs=(body.top_logprobs or 0) if body.logprobs else None,
-                **sampling_of(body, body.max_completion_tokens or body.max_tokens),
-            )
-            turn = submit_turn(served.engine(), turn_request, owner_label(request))
-        except RequestError as exc:
-            raise errors.from_request_error(exc) from None
+        turn_request = TurnRequest(
+            messages=wire.messages_of(body),
+            tools=wire.tools_of(body),
+            tool_choice=wire.tool_choice_of(body),
+            parallel_tool_calls=body.parallel_tool_calls is not False,
+            response_format=wire.grammar_of(body.response_format),
+            logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+            **sampling_of(body, body.max_completion_tokens or body.max_tokens),
+        )
+        turn = submit_turn(served.engine(), turn_request, owner_label(request))
         reply = Reply(served, turn, chat=True, logprobs=bool(body.logprobs))
         return await reply.answer(body, request)
 
@@ -79,17 +75,14 @@ def routes(served: Served) -> APIRouter:
             prompt = engine.tokenizer.encode(body.prompt[0])
         else:
             prompt = list(body.prompt)
-        try:
-            turn_request = TurnRequest(
-                prompt_ids=prompt,
-                prompt_field="prompt",
-                response_format=wire.grammar_of(body.response_format),
-                logprobs=body.logprobs,
-                **sampling_of(body, body.max_tokens),
-            )
-            turn = submit_turn(engine, turn_request, owner_label(request))
-        except RequestError as exc:
-            raise errors.from_request_error(exc) from None
+        turn_request = TurnRequest(
+            prompt_ids=prompt,
+            prompt_field="prompt",
+            response_format=wire.grammar_of(body.response_format),
+            logprobs=body.logprobs,
+            **sampling_of(body, body.max_tokens),
+        )
+        turn = submit_turn(engine, turn_request, owner_label(request))
         reply = Reply(served, turn, chat=False, logprobs=body.logprobs is not None)
         return await reply.answer(body, request)
 

@@ -26,7 +26,6 @@ from lucedesk.engine import (
     TurnResult,
     submit_turn,
 )
-from lucedesk.server import errors
 from lucedesk.server.errors import TEXT_ONLY, APIError
 from lucedesk.server.replies import Json, TurnStream, dumps
 from lucedesk.server.served import Served, owner_label
@@ -387,26 +386,23 @@ def routes(served: Served) -> APIRouter:
                 "previous_response_id",
             )
         choice = body.tool_choice
-        try:
-            turn = submit_turn(
-                served.engine(),
-                TurnRequest(
-                    messages=messages_of(body),
-                    tools=tools_of(body),
-                    tool_choice=ToolChoice("function", choice.name)
-                    if isinstance(choice, FunctionChoice)
-                    else ToolChoice(choice or "auto"),
-                    parallel_tool_calls=body.parallel_tool_calls,
-                    response_format=grammar_of(body),
-                    max_tokens=body.max_output_tokens,
-                    temperature=body.temperature,
-                    top_p=body.top_p,
-                    prompt_field="input",
-                ),
-                owner_label(request),
-            )
-        except RequestError as exc:
-            raise errors.from_request_error(exc) from None
+        turn = submit_turn(
+            served.engine(),
+            TurnRequest(
+                messages=messages_of(body),
+                tools=tools_of(body),
+                tool_choice=ToolChoice("function", choice.name)
+                if isinstance(choice, FunctionChoice)
+                else ToolChoice(choice or "auto"),
+                parallel_tool_calls=body.parallel_tool_calls,
+                response_format=grammar_of(body),
+                max_tokens=body.max_output_tokens,
+                temperature=body.temperature,
+                top_p=body.top_p,
+                prompt_field="input",
+            ),
+            owner_label(request),
+        )
         response = Response(body, served.model_id)
         if body.stream:
             return TurnStream(turn, response.stream(turn))

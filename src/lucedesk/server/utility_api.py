@@ -6,8 +6,6 @@ from __future__ import annotations
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
-from lucedesk.engine import RequestError
-from lucedesk.server import errors
 from lucedesk.server import openai_wire as wire
 from lucedesk.server.errors import APIError
 from lucedesk.server.served import Served
@@ -60,15 +58,12 @@ def routes(served: Served) -> APIRouter:
     @router.post("/apply-template")
     async def apply_template(body: TemplateRequest) -> TemplateReply:
         eng = served.engine()
-        try:
-            prompt = eng.encode_chat(
-                wire.messages_of(body),
-                wire.tools_of(body),
-                wire.tool_choice_of(body),
-                body.parallel_tool_calls,
-            )
-        except RequestError as exc:
-            raise errors.from_request_error(exc) from None
+        prompt = eng.encode_chat(
+            wire.messages_of(body),
+            wire.tools_of(body),
+            wire.tool_choice_of(body),
+            body.parallel_tool_calls,
+        )
         text = eng.tokenizer.decode(prompt.token_ids, skip_special_tokens=False)
         return TemplateReply(prompt=text, num_tokens=len(prompt.token_ids))
 
