@@ -12,13 +12,13 @@ import textwrap
 
 import pytest
 
-from lucedesk.tui.store import Store
+from lucedesk.store import Store
 
 WRITER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from lucedesk.tui.store import Store
+    from lucedesk.store import Store
 
     store = Store(Path(sys.argv[1]))
     session = store.create_session("crash")

@@ -11,10 +11,10 @@ import httpx
 import pytest
 
 from lucedesk.engine.runner import TorchSeqEngine
+from lucedesk.store import Store
 from lucedesk.tui.app import LucedeskApp
 from lucedesk.tui.engine_host import EngineHost
 from lucedesk.tui.screens.main import MainScreen
-from lucedesk.tui.store import Store
 from lucedesk.tui.widgets.chat_input import ChatInput
 from lucedesk.tui.widgets.chat_pane import ChatPane
 from lucedesk.tui.widgets.slot_monitor import SlotMonitor

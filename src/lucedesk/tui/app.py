@@ -5,9 +5,9 @@ from __future__ import annotations
 from textual.app import App, SystemCommand
 from textual.screen import Screen
 
+from lucedesk.store import Store
 from lucedesk.tui.engine_host import EngineHost
 from lucedesk.tui.screens.loading import LoadingScreen
-from lucedesk.tui.store import Store
 
 
 class LucedeskApp(App):
@@ -18,6 +18,8 @@ class LucedeskApp(App):
         super().__init__()
         self.host = host
         self.store = store
+        # Typed on the loading screen; the main screen puts it in its first pane's input.
+        self.pending_input = ""
 
     def on_mount(self) -> None:
         self.push_screen(LoadingScreen())
@@ -25,6 +27,8 @@ class LucedeskApp(App):
     def engine_ready(self) -> None:
         from lucedesk.tui.screens.main import MainScreen
 
+        loading = next((s for s in self.screen_stack if isinstance(s, LoadingScreen)), None)
+        self.pending_input = loading.typed() if loading is not None else ""
         self.update_subtitle()
         if self.host.http_error:
             self.notify(f"HTTP is off: {self.host.http_error}", severity="warning", timeout=8)

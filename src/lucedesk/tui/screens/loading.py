@@ -1,5 +1,6 @@
 """Start-up: resolve the profile, pull the model if needed, start the engine and the HTTP
-server on a worker thread, so the screen never freezes."""
+server on a worker thread, so the screen never freezes. Meanwhile the user can type the first
+message; the app hands it to the main screen's first input when the engine is ready."""
 
 from __future__ import annotations
 
@@ -7,25 +8,55 @@ from textual import work
 from textual.app import ComposeResult
 from textual.containers import Center, Middle
 from textual.screen import Screen
-from textual.widgets import Label, LoadingIndicator
+from textual.widgets import Input, Label, LoadingIndicator
 
 from lucedesk.errors import LucedeskError
+
+KEPT_NOTE = "your message will be in the input when the model is ready"
 
 
 class LoadingScreen(Screen):
     CSS_PATH = "loading.tcss"
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.progress = "starting"  # the engine's last progress line
+        self.kept = False  # Enter was pressed: the text waits for the main screen
+
     def compose(self) -> ComposeResult:
         with Middle(), Center():
             yield Label("lucedesk", id="title")
             yield LoadingIndicator()
-            yield Label("starting", id="status")
+            yield Label(self.progress, id="status")
+            yield Input(placeholder="type your first message while the model loads", id="early")
 
     def on_mount(self) -> None:
+        self.query_one("#early", Input).focus()
         self.start_engine()
 
+    def typed(self) -> str:
+        """What the user typed so far, to put in the first pane's input."""
+        return self.query_one("#early", Input).value
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        # Not sent: there is no engine yet. The text stays, and moves to the chat input.
+        event.stop()
+        if event.value.strip():
+            self.kept = True
+            self.show_progress(self.progress)
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if self.kept and not event.value.strip():  # cleared: nothing waits any more
+            self.kept = False
+            self.show_progress(self.progress)
+
+    def show_progress(self, text: str) -> None:
+        self.progress = text
+        note = f" · {KEPT_NOTE}" if self.kept else ""
+        self.query_one("#status", Label).update(text + note)
+
     def say(self, text: str) -> None:
-        self.app.call_from_thread(self.query_one("#status", Label).update, text)
+        self.app.call_from_thread(self.show_progress, text)
 
     @work(thread=True, exit_on_error=False)
     def start_engine(self) -> None:

@@ -9,9 +9,11 @@ from textual.events import DescendantFocus
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
+from lucedesk.store import Session
 from lucedesk.tui.messages import SessionChosen, SessionsChanged
-from lucedesk.tui.store import Session
+from lucedesk.tui.widgets.chat_input import ChatInput
 from lucedesk.tui.widgets.chat_pane import ChatPane
+from lucedesk.tui.widgets.engine_status import EngineStatus
 from lucedesk.tui.widgets.session_list import SessionList
 from lucedesk.tui.widgets.slot_monitor import SlotMonitor
 
@@ -44,6 +46,7 @@ class MainScreen(Screen):
             yield SessionList(id="sessions")
             yield Horizontal(id="panes")
         yield SlotMonitor(self.current_stats, self.remote_url)
+        yield EngineStatus(self.current_stats)
         yield Footer()
 
     def current_stats(self):
@@ -59,7 +62,12 @@ class MainScreen(Screen):
         sessions = store.sessions()
         session = sessions[-1] if sessions else store.create_session("Chat 1")
         self.refresh_sessions()
-        await self.add_pane(session)
+        pane = await self.add_pane(session)
+        typed, self.app.pending_input = self.app.pending_input, ""
+        if typed:  # typed while the model loaded: there to edit or send, not sent
+            box = pane.query_one(ChatInput)
+            box.text = typed
+            box.move_cursor(box.document.end)
 
     # -- panes ------------------------------------------------------------------------------
 

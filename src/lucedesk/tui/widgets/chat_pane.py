@@ -12,9 +12,9 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Label
 
 from lucedesk.engine import FinishReason, RequestError, RequestHandle, SamplingParams
+from lucedesk.store import Session, export_markdown
 from lucedesk.tui.messages import PromptSubmitted, SessionsChanged
 from lucedesk.tui.remote import RemoteHandle
-from lucedesk.tui.store import Session, export_markdown
 from lucedesk.tui.widgets.chat_input import ChatInput
 from lucedesk.tui.widgets.message_view import MessageView
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from textual.widgets import Label, ListItem, ListView
 
+from lucedesk.store import Session
 from lucedesk.tui.messages import SessionChosen
-from lucedesk.tui.store import Session
 
 
 class SessionList(ListView):

@@ -1,5 +1,6 @@
-"""The slot monitor: one row per engine slot, the KV pool, throughput, queue and preemptions.
-Refreshed on a timer (4 Hz) from the engine's stats snapshot, never per token."""
+"""The slot monitor: one row per busy slot and one for all idle slots, the KV pool,
+throughput, queue and preemptions. Refreshed on a timer (4 Hz) from the engine's stats
+snapshot, never per token."""
 
 from __future__ import annotations
 
@@ -18,11 +19,46 @@ REMOTE_REFRESH_S = 1.0
 
 
 def phase_text(slot: SlotStats) -> str:
-    if slot.request_id is None:
-        return "idle"
+    """A busy slot's phase; idle slots share one row (see slot_rows)."""
     if slot.phase == "prefill":
         return f"prefill {slot.computed_tokens}/{slot.context_tokens}"
     return slot.phase
+
+
+def slot_ranges(slots: list[int]) -> str:
+    """Sorted slot numbers as ranges: [0, 4, 5, 6] -> "0, 4-6"."""
+    runs: list[list[int]] = []
+    for n in slots:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def slot_rows(slots: tuple[SlotStats, ...]) -> list[tuple[str, ...]]:
+    """One row per busy slot, then one row for all the idle ones (a 16-slot engine with two
+    replies running shows three rows)."""
+    rows = []
+    idle = []
+    for slot in slots:
+        if slot.request_id is None:
+            idle.append(slot.slot)
+            continue
+        rows.append(
+            (
+                str(slot.slot),
+                slot.owner,
+                phase_text(slot),
+                str(slot.context_tokens),
+                str(slot.blocks),
+                f"{slot.tokens_per_s:.1f}",
+                f"{slot.ttft_s * 1000:.0f} ms" if slot.ttft_s is not None else "",
+            )
+        )
+    if idle:
+        rows.append((slot_ranges(sorted(idle)), "", f"{len(idle)} idle", "", "", "", ""))
+    return rows
 
 
 class SlotMonitor(Vertical):
@@ -74,20 +110,7 @@ class SlotMonitor(Vertical):
         stats = self._stats()
         if stats is None or not self.has_class("visible"):
             return
-        rows = []
-        for slot in stats.slots:
-            busy = slot.request_id is not None
-            rows.append(
-                (
-                    str(slot.slot),
-                    slot.owner if busy else "",
-                    phase_text(slot),
-                    str(slot.context_tokens) if busy else "",
-                    str(slot.blocks) if busy else "",
-                    f"{slot.tokens_per_s:.1f}" if busy else "",
-                    f"{slot.ttft_s * 1000:.0f} ms" if busy and slot.ttft_s is not None else "",
-                )
-            )
+        rows = slot_rows(stats.slots)
         if rows != self._rows:  # an idle engine costs the UI nothing
             self._rows = rows
             table = self.query_one(DataTable)

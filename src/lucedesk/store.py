@@ -1,0 +1,319 @@
+"""Sessions and their messages in SQLite (WAL), written as the conversation happens: a user
+message when sent, a reply when it starts and again as it grows (at most once a second) and
+when it ends, a tool call when it starts and its result when it ends. A crash (even
+`kill -9`) loses at most the last second of a reply; the store opened again marks a reply or
+tool call that was still running as interrupted, and a session that was running too.
+
+Chat panes, agent sessions and their children (subagents: `kind` 'subagent' with a
+`parent_id`) are all sessions here. A message's `meta` holds what the model's neutral message
+shape needs beyond role and text: an assistant's `tool_calls`, a tool result's
+`tool_call_id`, `name`, `arguments` and `error`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    title TEXT NOT NULL,
+    system_prompt TEXT NOT NULL DEFAULT '',
+    temperature REAL NOT NULL DEFAULT 0.7,
+    max_tokens INTEGER NOT NULL DEFAULT 512,
+    kind TEXT NOT NULL DEFAULT 'chat',
+    parent_id INTEGER,
+    created REAL NOT NULL,
+    backend_url TEXT NOT NULL DEFAULT '',
+    status TEXT NOT NULL DEFAULT 'idle',  -- idle | running | done | cancelled | error | ...
+    agent_type TEXT NOT NULL DEFAULT 'chat',  -- chat (no tools) | explore | general
+    workspace TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    role TEXT NOT NULL,
+    content TEXT NOT NULL,
+    created REAL NOT NULL,
+    status TEXT NOT NULL DEFAULT 'done',  -- done | streaming | interrupted
+    meta TEXT NOT NULL DEFAULT '{}'
+);
+"""
+
+
+@dataclass
+class Session:
+    id: int
+    title: str
+    system_prompt: str = ""
+    temperature: float = 0.7
+    max_tokens: int = 512
+    kind: str = "chat"  # chat | subagent
+    parent_id: int | None = None
+    backend_url: str = ""  # "" = the in-process engine, else an OpenAI-compatible server
+    status: str = "idle"
+    agent_type: str = "chat"  # chat (no tools) | explore (read-only tools) | general
+    workspace: str = ""
+    # {"role", "content", "status", "meta", "id"}
+    messages: list[dict] = field(default_factory=list)
+
+    def chat_messages(self) -> list[dict]:
+        """What the model sees, in the engine's neutral message shape: the system prompt,
+        then the conversation (without a reply or tool call still being written)."""
+        from lucedesk.engine import ToolCall
+
+        out = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        for m in self.messages:
+            if m.get("status") == "streaming":
+                continue
+            meta = m.get("meta") or {}
+            if m["role"] == "assistant" and meta.get("tool_calls"):
+                calls = [ToolCall(c["id"], c["name"], c["arguments"]) for c in meta["tool_calls"]]
+                out.append(
+                    {"role": "assistant", "content": m["content"] or None, "tool_calls": calls}
+                )
+            elif m["role"] == "tool":
+                out.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": meta.get("tool_call_id", ""),
+                        "name": meta.get("name", ""),
+                        "content": m["content"],
+                    }
+                )
+            else:
+                out.append({"role": m["role"], "content": m["content"]})
+        return out
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        # SQLite answers with the mode it could set (a filesystem without shared memory
+        # keeps "delete"); commits are durable either way, WAL just keeps readers unblocked.
+        self.journal_mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0].lower()
+        if self.journal_mode != "wal":
+            log.warning("%s: WAL is not available here (journal mode %s)", path, self.journal_mode)
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.executescript(SCHEMA)
+        self._add_missing_columns()
+        # Replies, tool calls and sessions still running belong to a process that is gone.
+        self._db.execute("UPDATE messages SET status = 'interrupted' WHERE status = 'streaming'")
+        self._db.execute("UPDATE sessions SET status = 'interrupted' WHERE status = 'running'")
+
+    def _add_missing_columns(self) -> None:
+        """A store written by an older lucedesk gains the columns added since."""
+        added = {
+            "messages": {
+                "status": "TEXT NOT NULL DEFAULT 'done'",
+                "meta": "TEXT NOT NULL DEFAULT '{}'",
+            },
+            "sessions": {
+                "status": "TEXT NOT NULL DEFAULT 'idle'",
+                "agent_type": "TEXT NOT NULL DEFAULT 'chat'",
+                "workspace": "TEXT NOT NULL DEFAULT ''",
+            },
+        }
+        for table, columns in added.items():
+            present = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            for name, decl in columns.items():
+                if name not in present:
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Everything written inside lands together or not at all (a fan-out's parent and
+        children)."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def create_session(
+        self,
+        title: str,
+        kind: str = "chat",
+        parent_id: int | None = None,
+        system_prompt: str = "",
+        temperature: float = 0.7,
+        max_tokens: int = 512,
+        agent_type: str = "chat",
+        workspace: str = "",
+        backend_url: str = "",
+    ) -> Session:
+        with self._lock:
+            cur = self._db.execute(
+                "INSERT INTO sessions (title, system_prompt, temperature, max_tokens, kind, "
+                "parent_id, created, agent_type, workspace, backend_url) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    title,
+                    system_prompt,
+                    temperature,
+                    max_tokens,
+                    kind,
+                    parent_id,
+                    time.time(),
+                    agent_type,
+                    workspace,
+                    backend_url,
+                ),
+            )
+        return Session(
+            cur.lastrowid,
+            title,
+            system_prompt,
+            temperature,
+            max_tokens,
+            kind,
+            parent_id,
+            backend_url,
+            "idle",
+            agent_type,
+            workspace,
+        )
+
+    def update_session(self, session: Session) -> None:
+        with self._lock:
+            self._db.execute(
+                "UPDATE sessions SET title=?, system_prompt=?, temperature=?, max_tokens=?, "
+                "backend_url=?, agent_type=?, workspace=? WHERE id=?",
+                (
+                    session.title,
+                    session.system_prompt,
+                    session.temperature,
+                    session.max_tokens,
+                    session.backend_url,
+                    session.agent_type,
+                    session.workspace,
+                    session.id,
+                ),
+            )
+
+    def set_status(self, session: Session, status: str) -> None:
+        session.status = status
+        with self._lock:
+            self._db.execute("UPDATE sessions SET status=? WHERE id=?", (status, session.id))
+
+    def add_message(
+        self,
+        session: Session,
+        role: str,
+        content: str,
+        status: str = "done",
+        meta: dict | None = None,
+    ) -> dict:
+        meta = meta or {}
+        with self._lock:
+            cur = self._db.execute(
+                "INSERT INTO messages (session_id, role, content, created, status, meta) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (session.id, role, content, time.time(), status, json.dumps(meta)),
+            )
+        message = {
+            "role": role,
+            "content": content,
+            "status": status,
+            "meta": meta,
+            "id": cur.lastrowid,
+        }
+        session.messages.append(message)
+        return message
+
+    def begin_reply(self, session: Session) -> dict:
+        """The assistant's reply, saved (empty, streaming) before its first token."""
+        return self.add_message(session, "assistant", "", status="streaming")
+
+    def update_reply(
+        self, reply: dict, content: str, status: str = "streaming", meta: dict | None = None
+    ) -> None:
+        """Saves the reply's (or tool call's) text so far; `status` "done" when it has ended;
+        `meta`, when given, replaces the stored one."""
+        reply["content"], reply["status"] = content, status
+        if meta is not None:
+            reply["meta"] = meta
+        with self._lock:
+            self._db.execute(
+                "UPDATE messages SET content = ?, status = ?, meta = ? WHERE id = ?",
+                (content, status, json.dumps(reply.get("meta") or {}), reply["id"]),
+            )
+
+    def drop_last_message(self, session: Session) -> None:
+        """Forget the newest message (regenerate replaces the last reply)."""
+        if session.messages:
+            session.messages.pop()
+        with self._lock:
+            self._db.execute(
+                "DELETE FROM messages WHERE id = (SELECT MAX(id) FROM messages "
+                "WHERE session_id = ?)",
+                (session.id,),
+            )
+
+    def delete_session(self, session_id: int) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+
+    def sessions(self, kind: str | None = "chat") -> list[Session]:
+        """Sessions of one kind (None: all, children too), oldest first, with messages."""
+        return self._load("WHERE kind = ?", (kind,)) if kind is not None else self._load("", ())
+
+    def session(self, session_id: int) -> Session | None:
+        found = self._load("WHERE id = ?", (session_id,))
+        return found[0] if found else None
+
+    def _load(self, where: str, args: tuple) -> list[Session]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, title, system_prompt, temperature, max_tokens, kind, parent_id, "
+                f"backend_url, status, agent_type, workspace FROM sessions {where} ORDER BY id",
+                args,
+            ).fetchall()
+            out = [Session(*row) for row in rows]
+            for s in out:
+                s.messages = self._messages(s.id)
+        return out
+
+    def _messages(self, session_id: int) -> list[dict]:
+        return [
+            {
+                "role": role,
+                "content": content,
+                "status": status,
+                "meta": json.loads(meta),
+                "id": row_id,
+            }
+            for row_id, role, content, status, meta in self._db.execute(
+                "SELECT id, role, content, status, meta FROM messages WHERE session_id = ? "
+                "ORDER BY id",
+                (session_id,),
+            )
+        ]
+
+
+def export_markdown(session: Session) -> str:
+    lines = [f"# {session.title}", ""]
+    if session.system_prompt:
+        lines += [f"> system: {session.system_prompt}", ""]
+    for m in session.messages:
+        lines += [f"## {m['role']}", "", m["content"], ""]
+    return "\n".join(lines)
