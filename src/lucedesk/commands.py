@@ -146,6 +146,30 @@ def bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def data_dir():
+    """Where sessions are kept (LUCEDESK_DATA_DIR, else the platform's data folder)."""
+    import os
+    from pathlib import Path
+
+    import platformdirs
+
+    return Path(os.environ.get("LUCEDESK_DATA_DIR") or platformdirs.user_data_dir("lucedesk"))
+
+
+def agent(args: argparse.Namespace) -> int:
+    from lucedesk.agent.headless import backend_from_args, run_headless
+    from lucedesk.store import Store
+
+    store = Store(data_dir() / "sessions.db")
+    backend, built = backend_from_args(args)
+    try:
+        return run_headless(args, store, backend)
+    finally:
+        if built is not None:
+            built.engine.shutdown()
+        store.close()
+
+
 def show_profiles(args: argparse.Namespace) -> int:
     from lucedesk import profile
     from lucedesk.config import field_names
@@ -212,17 +236,12 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def tui(args: argparse.Namespace) -> int:
-    import os
-    from pathlib import Path
-
-    import platformdirs
-
+    from lucedesk.store import Store
     from lucedesk.tui.app import LucedeskApp
     from lucedesk.tui.engine_host import EngineHost
-    from lucedesk.tui.store import Store
 
     overrides = engine_overrides(args)
-    data = Path(os.environ.get("LUCEDESK_DATA_DIR") or platformdirs.user_data_dir("lucedesk"))
+    data = data_dir()
     host = EngineHost(
         args.model, args.profile, overrides, http=not args.no_http, host=args.host, port=args.port
     )

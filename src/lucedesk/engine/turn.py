@@ -6,6 +6,7 @@ shape; agents run their model turns through the same path.
     turn = submit_turn(engine, TurnRequest(messages, tools, ...), owner="http:curl")
     async for event in turn.events(): ...        # TextPiece | CallDelta | TurnEnd
     result = await turn.complete(gone)           # the whole reply; cancels once gone() says so
+    result = await turn.collect(on_text)         # the whole reply, its text seen as it comes
 """
 
 from __future__ import annotations
@@ -165,7 +166,7 @@ class Turn:
     async def complete(self, gone: Callable[[], Awaitable[bool]] | None = None) -> TurnResult:
         """The whole reply; cancels the request once `gone()` (polled twice a second) says
         its client went away."""
-        result = asyncio.ensure_future(self._collect())
+        result = asyncio.ensure_future(self.collect())
         try:
             while not result.done():
                 await asyncio.wait({result}, timeout=0.5)
@@ -177,7 +178,9 @@ class Turn:
                 self.cancel()
                 result.cancel()
 
-    async def _collect(self) -> TurnResult:
+    async def collect(self, on_text: Callable[[str], None] | None = None) -> TurnResult:
+        """The whole reply; `on_text` sees its text as it comes. Cancelling the caller
+        cancels the request."""
         text: list[str] = []
         logprobs: list[TokenLogprob] = []
         end: TurnEnd | None = None
@@ -185,6 +188,8 @@ class Turn:
             if isinstance(event, TextPiece):
                 text.append(event.text)
                 logprobs.extend(event.logprobs)
+                if on_text is not None and event.text:
+                    on_text(event.text)
             elif isinstance(event, TurnEnd):
                 logprobs.extend(event.logprobs)
                 end = event

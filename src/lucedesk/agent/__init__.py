@@ -1,0 +1,52 @@
+"""Agents: a session runs the loop model turn → tool calls → results → model turn, with tools
+confined to a workspace, approvals for writes and commands, MCP servers' tools, and the
+`task` tool that runs child sessions in parallel engine slots. No Textual here: the TUI, the
+headless `lucedesk agent` and the tests all drive these same classes.
+
+    runtime = Runtime(EngineBackend(lambda: engine), store, Approvals(ask=...))
+    record = store.create_session("fix the bug", agent_type="general", workspace="/src/app")
+    result = await AgentSession(runtime, record).send("The tests fail on ... fix it.")
+"""
+
+from __future__ import annotations
+
+from lucedesk.agent.approvals import ApprovalRequest, Approvals
+from lucedesk.agent.backend import Backend, EngineBackend, OpenAIBackend
+from lucedesk.agent.events import (
+    AgentEvent,
+    ChildStarted,
+    MessageAdded,
+    MessageDone,
+    Observer,
+    PhaseChanged,
+    TextStreamed,
+)
+from lucedesk.agent.session import AgentResult, AgentSession, Limits, Runtime
+from lucedesk.agent.tools import AGENT_TYPES, BUILTIN, ToolContext, ToolError, ToolSpec, tools_for
+from lucedesk.agent.workspace import Workspace
+
+__all__ = [
+    "AGENT_TYPES",
+    "BUILTIN",
+    "AgentEvent",
+    "AgentResult",
+    "AgentSession",
+    "ApprovalRequest",
+    "Approvals",
+    "Backend",
+    "ChildStarted",
+    "EngineBackend",
+    "Limits",
+    "MessageAdded",
+    "MessageDone",
+    "Observer",
+    "OpenAIBackend",
+    "PhaseChanged",
+    "Runtime",
+    "TextStreamed",
+    "ToolContext",
+    "ToolError",
+    "ToolSpec",
+    "Workspace",
+    "tools_for",
+]

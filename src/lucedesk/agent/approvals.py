@@ -1,0 +1,38 @@
+"""Who says yes before an agent changes a file or runs a command. The TUI asks in a dialog,
+the headless CLI on the terminal (or not at all: refused), and the user may allow edits or
+commands for a whole session up front."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["edit", "command"]
+
+
+@dataclass(slots=True, frozen=True)
+class ApprovalRequest:
+    kind: Kind
+    session_title: str
+    tool: str
+    summary: str  # one line: "edit src/app.py", "run: pytest -q"
+    detail: str  # the unified diff, or the command line
+
+
+Ask = Callable[[ApprovalRequest], Awaitable[bool]]
+
+
+@dataclass(slots=True)
+class Approvals:
+    allow_edits: bool = False
+    allow_commands: bool = False
+    ask: Ask | None = None  # None: what is not allowed up front is refused
+
+    async def approve(self, request: ApprovalRequest) -> bool:
+        allowed = self.allow_edits if request.kind == "edit" else self.allow_commands
+        if allowed:
+            return True
+        if self.ask is None:
+            return False
+        return await self.ask(request)

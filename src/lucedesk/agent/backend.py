@@ -1,0 +1,182 @@
+"""Where an agent's model turns run: the in-process engine, or any OpenAI-compatible server
+(another lucedesk, vLLM, llama.cpp's server). Both take the engine's neutral `TurnRequest`
+and give back a `TurnResult`, the reply's text streamed to `on_text` as it comes; an error
+is a result with finish "error", never an exception. Cancelling the caller cancels the
+request."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Protocol
+
+import httpx
+
+from lucedesk.engine import Engine, RequestError, ToolCall, TurnRequest, TurnResult, submit_turn
+
+OnText = Callable[[str], None]
+
+
+def failed(error: str) -> TurnResult:
+    return TurnResult("", [], "error", 0, 0, error, [])
+
+
+class Backend(Protocol):
+    label: str  # shown to the user: "local engine", a URL
+
+    async def turn(self, req: TurnRequest, owner: str, on_text: OnText) -> TurnResult: ...
+
+
+class EngineBackend:
+    """The in-process engine. `engine` is called per turn, so a model switched at run time
+    serves the next turn."""
+
+    label = "local engine"
+
+    def __init__(self, engine: Callable[[], Engine]) -> None:
+        self.engine = engine
+
+    async def turn(self, req: TurnRequest, owner: str, on_text: OnText) -> TurnResult:
+        try:
+            turn = submit_turn(self.engine(), req, owner)
+        except RequestError as exc:
+            return failed(str(exc))
+        return await turn.collect(on_text)
+
+
+def wire_messages(messages: list[dict]) -> list[dict]:
+    """The neutral message shape in OpenAI's chat wire format."""
+    out = []
+    for m in messages:
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            calls = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for c in m["tool_calls"]
+            ]
+            out.append({"role": "assistant", "content": m.get("content"), "tool_calls": calls})
+        elif m["role"] == "tool":
+            out.append({"role": "tool", "tool_call_id": m["tool_call_id"], "content": m["content"]})
+        else:
+            out.append({"role": m["role"], "content": m["content"]})
+    return out
+
+
+def wire_body(req: TurnRequest, model: str) -> dict:
+    body: dict = {
+        "model": model,
+        "messages": wire_messages(req.messages),
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    for key in ("max_tokens", "temperature", "top_p", "seed"):
+        if getattr(req, key) is not None:
+            body[key] = getattr(req, key)
+    if req.stop:
+        body["stop"] = list(req.stop)
+    if req.tools:
+        body["tools"] = [
+            {
+                "type": "function",
+                "function": {
+                    "name": t.name,
+                    "description": t.description,
+                    "parameters": t.parameters,
+                },
+            }
+            for t in req.tools
+        ]
+        choice = req.tool_choice
+        body["tool_choice"] = (
+            {"type": "function", "function": {"name": choice.function}}
+            if choice.mode == "function"
+            else choice.mode
+        )
+        body["parallel_tool_calls"] = req.parallel_tool_calls
+    if req.response_format is not None:
+        schema = json.loads(req.response_format.source)
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "reply", "schema": schema, "strict": True},
+        }
+    return body
+
+
+def api_base(url: str) -> str:
+    base = url.rstrip("/")
+    return base if base.endswith("/v1") else base + "/v1"
+
+
+class OpenAIBackend:
+    """An OpenAI-compatible server, streamed over /v1/chat/completions."""
+
+    def __init__(self, url: str, api_key: str | None = None, model: str = "default") -> None:
+        self.url = api_base(url)
+        self.label = self.url
+        self.api_key = api_key
+        self.model = model
+
+    async def turn(self, req: TurnRequest, owner: str, on_text: OnText) -> TurnResult:
+        headers = {"X-Lucedesk-Client": owner}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        text: list[str] = []
+        calls: dict[int, dict] = {}
+        finish, usage = "stop", {}
+        try:
+            async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=10)) as http:
+                async with http.stream(
+                    "POST",
+                    self.url + "/chat/completions",
+                    json=wire_body(req, self.model),
+                    headers=headers,
+                ) as r:
+                    if r.status_code != 200:
+                        return failed(f"{self.url} answered {r.status_code}: {await error_text(r)}")
+                    async for line in r.aiter_lines():
+                        if not line.startswith("data: ") or line == "data: [DONE]":
+                            continue
+                        event = json.loads(line[6:])
+                        usage = event.get("usage") or usage
+                        for choice in event.get("choices") or []:
+                            delta = choice.get("delta") or {}
+                            if delta.get("content"):
+                                text.append(delta["content"])
+                                on_text(delta["content"])
+                            for piece in delta.get("tool_calls") or []:
+                                call = calls.setdefault(
+                                    piece.get("index", 0), {"id": "", "name": "", "arguments": ""}
+                                )
+                                function = piece.get("function") or {}
+                                call["id"] = piece.get("id") or call["id"]
+                                call["name"] += function.get("name") or ""
+                                call["arguments"] += function.get("arguments") or ""
+                            finish = choice.get("finish_reason") or finish
+        except (httpx.HTTPError, ValueError) as exc:
+            return failed(f"{self.url}: {exc or type(exc).__name__}")
+        tool_calls = [
+            ToolCall(c["id"] or ToolCall.new_id(), c["name"], c["arguments"] or "{}")
+            for _, c in sorted(calls.items())
+        ]
+        if finish not in ("stop", "length", "tool_calls"):
+            finish = "stop"
+        return TurnResult(
+            "".join(text),
+            tool_calls,
+            finish,
+            usage.get("prompt_tokens", 0),
+            usage.get("completion_tokens", 0),
+            None,
+            [],
+        )
+
+
+async def error_text(r: httpx.Response) -> str:
+    text = (await r.aread()).decode(errors="replace")
+    try:
+        return json.loads(text)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return text[:300]

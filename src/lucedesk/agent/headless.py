@@ -1,0 +1,168 @@
+"""`lucedesk agent -p "<task>"`: one agent session, run to its final answer without the TUI,
+for scripts and CI. Progress (tool calls, children) goes to stderr, the answer to stdout, or
+with --json the whole transcript, children included. The session is saved in the same store
+as the TUI's, so it can be opened there afterwards."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from lucedesk.agent.approvals import ApprovalRequest, Approvals
+from lucedesk.agent.backend import Backend, EngineBackend, OpenAIBackend
+from lucedesk.agent.events import AgentEvent, ChildStarted, MessageAdded, MessageDone
+from lucedesk.agent.session import AgentSession, Limits, Runtime
+from lucedesk.agent.workspace import Workspace
+from lucedesk.engine import ToolChoice
+from lucedesk.errors import ConfigError
+from lucedesk.store import Session, Store
+
+
+def parse_tool_choices(text: str) -> list[ToolChoice]:
+    """`--tool-choice auto` or a list for successive model turns, the last one holding for
+    the rest: `list_dir,read_file,auto` makes the first turn call list_dir, the second
+    read_file (small models rarely call tools of their own accord)."""
+    choices = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            raise ConfigError(f"--tool-choice {text!r}: an empty entry")
+        if item in ("auto", "required", "none"):
+            choices.append(ToolChoice(item))
+        elif item.replace("_", "").replace("-", "").isalnum():
+            choices.append(ToolChoice("function", item))
+        else:
+            raise ConfigError(
+                f"--tool-choice {text!r}: {item!r} is not auto, required, none or a tool"
+            )
+    return choices
+
+
+def terminal_ask(request: ApprovalRequest) -> asyncio.Future[bool]:
+    """Asks on the terminal (stdin a tty); the answer is read on a thread."""
+
+    def ask() -> bool:
+        print(f"\n{request.session_title}: {request.summary}\n{request.detail}", file=sys.stderr)
+        try:
+            answer = input("allow? [y/N] ")
+        except EOFError:
+            return False
+        return answer.strip().lower() in ("y", "yes")
+
+    return asyncio.ensure_future(asyncio.to_thread(ask))
+
+
+class Progress:
+    """Tool calls and children as one line each on stderr."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+
+    def __call__(self, event: AgentEvent) -> None:
+        if self.quiet:
+            return
+        indent = "  " * event.session.depth
+        if isinstance(event, ChildStarted):
+            self.say(f"{indent}▸ subagent {event.child.id}: {event.child.title}")
+        elif isinstance(event, MessageAdded) and event.message["role"] == "tool":
+            meta = event.message["meta"]
+            self.say(f"{indent}→ {meta['name']} {meta['arguments'][:200]}")
+        elif isinstance(event, MessageDone) and event.message["role"] == "tool":
+            first = (event.message["content"].splitlines() or [""])[0]
+            self.say(f"{indent}← {first[:200]}")
+
+    @staticmethod
+    def say(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+
+def transcript(store: Store, session: Session) -> dict:
+    """A session and its children, as saved."""
+    loaded = store.session(session.id) or session
+    children = [s for s in store.sessions("subagent") if s.parent_id == session.id]
+    return {
+        "id": loaded.id,
+        "title": loaded.title,
+        "status": loaded.status,
+        "agent_type": loaded.agent_type,
+        "messages": [
+            {k: m[k] for k in ("role", "content", "status", "meta")} for m in loaded.messages
+        ],
+        "children": [transcript(store, child) for child in children],
+    }
+
+
+def run_headless(args: argparse.Namespace, store: Store, backend: Backend) -> int:
+    try:
+        workspace = Workspace(args.workspace)
+    except ValueError as exc:
+        raise ConfigError(f"--workspace: {exc}") from None
+    choices = parse_tool_choices(args.tool_choice)
+    if args.max_steps < 1:
+        raise ConfigError("--max-steps must be at least 1")
+    ask = terminal_ask if sys.stdin.isatty() and not args.json else None
+    approvals = Approvals(args.allow_edits, args.allow_commands, ask)
+    return asyncio.run(_run(args, store, backend, workspace, choices, approvals))
+
+
+async def _run(args, store, backend, workspace, choices, approvals) -> int:
+    hub = None
+    if not args.no_mcp:
+        from lucedesk.agent.mcp import McpHub, default_mcp_config_path, load_mcp_config
+
+        path = Path(args.mcp_config) if args.mcp_config else default_mcp_config_path()
+        servers = load_mcp_config(path)
+        if servers:
+            hub = McpHub()
+            await hub.start(servers)
+            for name, error in hub.errors.items():
+                Progress.say(f"lucedesk: MCP server {name} is off: {error}")
+    runtime = Runtime(
+        backend,
+        store,
+        approvals,
+        extra_tools=hub.tools if hub is not None else [],
+        observer=Progress(args.json),
+        limits=Limits(max_steps=args.max_steps, max_depth=args.max_depth),
+    )
+    record = store.create_session(
+        args.prompt.strip().splitlines()[0][:60] or "agent",
+        system_prompt=args.system or "",
+        temperature=args.temperature,
+        max_tokens=args.max_tokens,
+        agent_type=args.agent,
+        workspace=str(workspace.root),
+        backend_url=getattr(backend, "url", ""),
+    )
+    session = AgentSession(runtime, record, tool_choices=choices)
+    task = asyncio.ensure_future(session.send(args.prompt))
+    try:
+        result = await asyncio.shield(task)
+    except asyncio.CancelledError:  # Ctrl-C: the session and its children stop, then we do
+        session.cancel()
+        result = await task
+    finally:
+        if hub is not None:
+            await hub.stop()
+    if args.json:
+        out = {"status": result.status, "final": result.text, "error": result.error}
+        out["session"] = transcript(store, record)
+        print(json.dumps(out, indent=2, ensure_ascii=False))
+    else:
+        print(result.text)
+        if result.status != "done":
+            Progress.say(f"lucedesk: the agent ended with {result.status}: {result.error}")
+    return 0 if result.status == "done" else 1
+
+
+def backend_from_args(args: argparse.Namespace) -> tuple[Backend, object | None]:
+    """The remote server named by --base-url, else the in-process engine (built here; the
+    caller shuts it down)."""
+    if args.base_url:
+        return OpenAIBackend(args.base_url, args.api_key), None
+    from lucedesk.commands import build_from_args
+
+    built = build_from_args(args)
+    return EngineBackend(lambda: built.engine), built

@@ -1,0 +1,465 @@
+"""An agent session: the loop model turn → tool calls → tool results → model turn, until a
+final answer, the step limit, or cancel. A child (a subagent started by the `task` tool) is
+an agent session like any other: its own stored session with a parent id, its own messages,
+its own engine request per turn.
+
+Everything is written to the store as it happens: the user message, the reply as it grows
+(at most once a second) and when it ends, each tool call when it starts and its result when
+it ends, and the session's status.
+
+Cancel is explicit: `cancel()` marks the session and its children cancelled and cancels the
+task running each; a cancelled child's parent goes on with "cancelled" as the task's result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import jsonschema
+
+from lucedesk.agent.approvals import Approvals
+from lucedesk.agent.backend import Backend
+from lucedesk.agent.events import (
+    ChildStarted,
+    MessageAdded,
+    MessageDone,
+    Observer,
+    PhaseChanged,
+    TextStreamed,
+)
+from lucedesk.agent.tools import TASK, ToolContext, ToolError, ToolSpec, tools_for
+from lucedesk.agent.workspace import Workspace
+from lucedesk.engine import Grammar, Tool, ToolCall, ToolChoice, TurnRequest, TurnResult
+from lucedesk.store import Session, Store
+
+log = logging.getLogger(__name__)
+
+SAVE_EVERY_S = 1.0  # how often a growing reply is written to the store
+
+AGENT_PROMPT = """\
+You are an agent working in a workspace folder. Use the tools to look at files, search and \
+(when asked) change them, one step at a time; tool paths are relative to the workspace \
+('.' is its root). When you have what you need, answer in plain text."""
+
+CHILD_PROMPT = """\
+You are a subagent: another agent gave you the task in the next message. Work on it with \
+your tools, then answer with one final message. The other agent reads only that message, \
+so put every finding it needs in it."""
+
+SPLIT_PROMPT = """\
+Split this task into {count} distinct, self-contained subtasks that can be worked on at the \
+same time by {count} subagents who see nothing but their own subtask. Task: {task}"""
+
+
+@dataclass(slots=True)
+class Limits:
+    max_steps: int = 30  # model turns in one run of the loop
+    max_depth: int = 2  # children of children of a top-level session, no deeper
+    max_children: int = 8  # task calls of one turn that run (the rest get an error)
+
+
+@dataclass(slots=True)
+class Runtime:
+    """What every session of one tree shares."""
+
+    backend: Backend
+    store: Store
+    approvals: Approvals = field(default_factory=Approvals)
+    extra_tools: list[ToolSpec] = field(default_factory=list)  # MCP servers' tools
+    observer: Observer | None = None
+    limits: Limits = field(default_factory=Limits)
+
+    def emit(self, event) -> None:
+        if self.observer is not None:
+            self.observer(event)
+
+
+class AgentResult(NamedTuple):
+    status: str  # done | step_limit | cancelled | error
+    text: str
+    error: str | None = None
+
+
+class AgentSession:
+    def __init__(
+        self,
+        runtime: Runtime,
+        record: Session,
+        depth: int = 0,
+        parent: AgentSession | None = None,
+        tool_choices: list[ToolChoice] | None = None,
+    ) -> None:
+        self.runtime = runtime
+        self.record = record
+        self.depth = depth
+        self.parent = parent
+        # The tool choice of each model turn of a run; the last one holds for the rest.
+        self.tool_choices = tool_choices or [ToolChoice()]
+        self.children: list[AgentSession] = []
+        self.phase = "idle"
+        self._cancelled = False
+        self._task: asyncio.Task | None = None
+
+    # -- state ------------------------------------------------------------------------------
+
+    @property
+    def id(self) -> int:
+        return self.record.id
+
+    @property
+    def title(self) -> str:
+        return self.record.title
+
+    @property
+    def store(self) -> Store:
+        return self.runtime.store
+
+    @property
+    def owner(self) -> str:
+        """The engine slot owner of this session's requests (the slot monitor shows it)."""
+        return f"agent{self.id}:{self.title[:16]}"
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    @property
+    def workspace(self) -> Workspace | None:
+        return Workspace(self.record.workspace) if self.record.workspace else None
+
+    def tools(self) -> list[ToolSpec]:
+        agent_type = self.record.agent_type if self.record.workspace else "chat"
+        can_spawn = self.depth < self.runtime.limits.max_depth
+        return tools_for(agent_type, self.runtime.extra_tools, can_spawn)
+
+    def _set_phase(self, phase: str, status: str | None = None) -> None:
+        self.phase = phase
+        if status is not None and status != self.record.status:
+            self.store.set_status(self.record, status)
+        self.runtime.emit(PhaseChanged(self))
+
+    def cancel(self) -> None:
+        """Stops this session and every child it started; the others of the tree go on."""
+        self._cancelled = True
+        for child in self.children:
+            child.cancel()
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    async def send(self, text: str) -> AgentResult:
+        """A user message, then the loop until the final answer."""
+        message = self.store.add_message(self.record, "user", text)
+        self.runtime.emit(MessageAdded(self, message))
+        return await self.run()
+
+    async def run(self) -> AgentResult:
+        """The loop, from the conversation as it stands."""
+        self._task = asyncio.current_task()
+        self._cancelled = False
+        self._set_phase("starting", "running")
+        try:
+            return await self._loop()
+        except asyncio.CancelledError:
+            if not self._cancelled:
+                raise  # not ours to swallow: whoever cancelled the task is ending it
+            self._set_phase("cancelled", "cancelled")
+            return AgentResult("cancelled", "", "cancelled")
+
+    async def _loop(self) -> AgentResult:
+        limits = self.runtime.limits
+        for step in range(limits.max_steps):
+            choice = self.tool_choices[min(step, len(self.tool_choices) - 1)]
+            result = await self._model_turn(choice)
+            if result.finish == "error":
+                self._set_phase("error", "error")
+                return AgentResult("error", result.text, result.error)
+            if not result.calls:
+                self._set_phase("done", "done")
+                return AgentResult("done", result.text)
+            await self._run_calls(result.calls)
+        note = (
+            f"Stopped: the step limit of {limits.max_steps} model turns was reached before a "
+            "final answer."
+        )
+        message = self.store.add_message(self.record, "assistant", note)
+        self.runtime.emit(MessageAdded(self, message))
+        self._set_phase("step limit", "step_limit")
+        return AgentResult("step_limit", note, note)
+
+    def model_messages(self) -> list[dict]:
+        messages = self.record.chat_messages()
+        workspace = self.workspace
+        if workspace is None or self.record.agent_type == "chat":
+            return messages
+        preamble = AGENT_PROMPT
+        if messages and messages[0]["role"] == "system":
+            return [{"role": "system", "content": f"{preamble}\n\n{messages[0]['content']}"}] + (
+                messages[1:]
+            )
+        return [{"role": "system", "content": preamble}, *messages]
+
+    async def _model_turn(
+        self, choice: ToolChoice, tools_on: bool = True, response_format: Grammar | None = None
+    ) -> TurnResult:
+        tools = self.tools() if tools_on else []
+        s = self.record
+        req = TurnRequest(
+            messages=self.model_messages(),
+            tools=[Tool(t.name, t.description, t.parameters) for t in tools],
+            tool_choice=choice if tools else ToolChoice(),
+            # A forced turn makes one call: small models repeat a forced call to max_tokens.
+            parallel_tool_calls=choice.mode == "auto",
+            response_format=response_format,
+            max_tokens=s.max_tokens,
+            temperature=s.temperature,
+            top_p=0.95 if s.temperature else 1.0,
+        )
+        reply = self.store.begin_reply(s)
+        self.runtime.emit(MessageAdded(self, reply))
+        self._set_phase("waiting for the model")
+        saved_at = time.monotonic()
+        text: list[str] = []
+
+        def on_text(piece: str) -> None:
+            nonlocal saved_at
+            if not text:
+                self._set_phase("writing")
+            text.append(piece)
+            reply["content"] += piece
+            self.runtime.emit(TextStreamed(self, reply, piece))
+            if time.monotonic() - saved_at >= SAVE_EVERY_S:
+                self.store.update_reply(reply, reply["content"])
+                saved_at = time.monotonic()
+
+        meta: dict = {}
+        try:
+            result = await self.runtime.backend.turn(req, self.owner, on_text)
+        except asyncio.CancelledError:
+            meta = {"stopped": True}
+            raise
+        finally:
+            if meta:  # cancelled: keep what was written
+                self.store.update_reply(reply, reply["content"], "done", meta)
+                self.runtime.emit(MessageDone(self, reply))
+        if result.calls:
+            meta["tool_calls"] = [
+                {"id": c.id, "name": c.name, "arguments": c.arguments} for c in result.calls
+            ]
+        if result.finish == "error":
+            meta["error"] = result.error
+        elif result.finish == "length":
+            meta["cut"] = True  # max tokens reached
+        self.store.update_reply(reply, result.text or reply["content"], "done", meta)
+        self.runtime.emit(MessageDone(self, reply))
+        return result
+
+    # -- tool calls -------------------------------------------------------------------------
+
+    async def _run_calls(
+        self, calls: list[ToolCall], specs: dict[str, ToolSpec] | None = None
+    ) -> None:
+        """Runs one turn's calls. Calls that only look (and task calls) run together; one that
+        writes or runs something runs alone, in the order the model wrote them."""
+        specs = specs if specs is not None else {t.name: t for t in self.tools()}
+        pending = []
+        for call in calls:
+            meta = {"tool_call_id": call.id, "name": call.name, "arguments": call.arguments}
+            message = self.store.add_message(self.record, "tool", "", "streaming", meta)
+            self.runtime.emit(MessageAdded(self, message))
+            pending.append((call, message))
+        children = 0
+        batch: list = []
+        for call, message in pending:
+            spec = specs.get(call.name)
+            if spec is not None and spec.access == "task":
+                children += 1
+                if children > self.runtime.limits.max_children:
+                    spec = None  # reported as too many below
+            together = spec is not None and spec.access in ("read", "task")
+            if not together and batch:
+                await self._run_batch(batch)
+                batch = []
+            batch.append((call, message, spec))
+            if not together:
+                await self._run_batch(batch)
+                batch = []
+        if batch:
+            await self._run_batch(batch)
+
+    async def _run_batch(self, batch: list) -> None:
+        names = ", ".join(call.name for call, _, _ in batch)
+        self._set_phase(f"tool {names}" if len(batch) < 3 else f"{len(batch)} tools")
+        await asyncio.gather(
+            *(self._run_call(call, message, spec) for call, message, spec in batch)
+        )
+
+    async def _run_call(self, call: ToolCall, message: dict, spec: ToolSpec | None) -> None:
+        meta = dict(message["meta"])
+        try:
+            text = await self._call(call, spec)
+            meta["error"] = False
+        except ToolError as exc:
+            text, meta["error"] = f"error: {exc}", True
+        except asyncio.CancelledError:
+            meta["error"] = True
+            self.store.update_reply(message, "cancelled", "done", meta)
+            self.runtime.emit(MessageDone(self, message))
+            raise
+        except Exception as exc:  # a tool's own bug: the model and the log hear of it
+            log.exception("tool %s failed", call.name)
+            text, meta["error"] = f"error: the tool failed ({type(exc).__name__}: {exc})", True
+        self.store.update_reply(message, text, "done", meta)
+        self.runtime.emit(MessageDone(self, message))
+
+    async def _call(self, call: ToolCall, spec: ToolSpec | None) -> str:
+        if spec is None:
+            names = ", ".join(t.name for t in self.tools()) or "none"
+            if call.name == "task":
+                raise ToolError(
+                    f"too many task calls in one turn (at most {self.runtime.limits.max_children})"
+                    if any(t.name == "task" for t in self.tools())
+                    else "task: the depth limit is reached; do this work yourself"
+                )
+            raise ToolError(f"unknown tool {call.name!r}; the tools are: {names}")
+        try:
+            args = json.loads(call.arguments or "{}")
+        except ValueError as exc:
+            raise ToolError(f"arguments: not valid JSON ({exc})") from None
+        problem = jsonschema.Draft202012Validator(spec.parameters).iter_errors(args)
+        first = jsonschema.exceptions.best_match(problem)
+        if first is not None:
+            where = "/".join(str(p) for p in first.absolute_path) or "arguments"
+            raise ToolError(f"{where}: {first.message} (the arguments of {spec.name})")
+        workspace = self.workspace
+        if workspace is None and spec.access != "task":
+            raise ToolError("this session has no workspace")
+        return await spec.handler(ToolContext(workspace, self.runtime.approvals, self), args)
+
+    # -- children ---------------------------------------------------------------------------
+
+    def new_child(self, description: str, agent_type: str) -> AgentSession:
+        s = self.record
+        if agent_type not in ("explore", "general"):
+            raise ToolError("agent_type: explore or general")
+        if self.depth >= self.runtime.limits.max_depth:
+            raise ToolError("task: the depth limit is reached; do this work yourself")
+        if agent_type == "general" and s.agent_type == "explore":
+            raise ToolError("agent_type: an explore agent can only start explore subagents")
+        record = self.store.create_session(
+            description.strip()[:60] or "subtask",
+            kind="subagent",
+            parent_id=s.id,
+            system_prompt=CHILD_PROMPT,
+            temperature=s.temperature,
+            max_tokens=s.max_tokens,
+            agent_type=agent_type,
+            workspace=s.workspace,
+            backend_url=s.backend_url,
+        )
+        child = AgentSession(self.runtime, record, self.depth + 1, self)
+        self.children.append(child)
+        if self._cancelled:
+            child._cancelled = True
+        self.runtime.emit(ChildStarted(self, child))
+        return child
+
+    async def run_child(self, description: str, prompt: str, agent_type: str) -> str:
+        """The `task` tool: a child runs `prompt` in its own task (so cancelling it alone
+        leaves this session running); its final message is the result."""
+        child = self.new_child(description, agent_type)
+        if self._cancelled:
+            raise asyncio.CancelledError
+        result = await asyncio.create_task(child.send(prompt))
+        if result.status == "done":
+            return result.text.strip() or "(the subagent answered with an empty message)"
+        if result.status == "cancelled":
+            raise ToolError("the subagent was cancelled before it finished")
+        if result.status == "step_limit":
+            raise ToolError(f"the subagent stopped at its step limit. {result.text}")
+        raise ToolError(f"the subagent failed: {result.error}")
+
+    async def fanout(self, count: int, task: str, agent_type: str = "explore") -> AgentResult:
+        """`/fanout N <task>`: the model splits the task into N distinct subtasks (held to a
+        JSON schema), N children work on them at once, and a last turn writes the synthesis
+        from their results. The split is stored as N `task` calls, so the transcript reads
+        like any other delegation."""
+        prompt = SPLIT_PROMPT.format(count=count, task=task)
+        message = self.store.add_message(self.record, "user", prompt)
+        self.runtime.emit(MessageAdded(self, message))
+        self._task = asyncio.current_task()
+        self._cancelled = False
+        self._set_phase("splitting the task", "running")
+        subtask = {
+            "type": "object",
+            "properties": {
+                "title": {"type": "string", "maxLength": 60},
+                "task": {"type": "string"},
+            },
+            "required": ["title", "task"],
+            "additionalProperties": False,
+        }
+        split_schema = {
+            "type": "object",
+            "properties": {
+                "subtasks": {
+                    "type": "array",
+                    "minItems": count,
+                    "maxItems": count,
+                    "items": subtask,
+                }
+            },
+            "required": ["subtasks"],
+            "additionalProperties": False,
+        }
+        try:
+            split = await self._model_turn(
+                ToolChoice("none"),
+                tools_on=False,
+                response_format=Grammar.json_schema(split_schema),
+            )
+            if split.finish == "error":
+                self._set_phase("error", "error")
+                return AgentResult("error", "", split.error)
+            try:
+                subtasks = json.loads(split.text)["subtasks"]
+            except (ValueError, KeyError, TypeError):
+                self._set_phase("error", "error")
+                error = "the model's split was cut short; raise /max and try again"
+                return AgentResult("error", "", error)
+            reply = self.record.messages[-1]
+            calls = [
+                ToolCall(
+                    ToolCall.new_id(),
+                    "task",
+                    json.dumps(
+                        {"description": t["title"], "prompt": t["task"], "agent_type": agent_type}
+                    ),
+                )
+                for t in subtasks
+            ]
+            meta = {
+                "tool_calls": [
+                    {"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls
+                ]
+            }
+            self.store.update_reply(reply, f"Splitting into {count} subagents.", "done", meta)
+            self.runtime.emit(MessageDone(self, reply))
+            await self._run_calls(calls, {"task": TASK})
+            result = await self._model_turn(ToolChoice("none"), tools_on=False)
+            if result.finish == "error":
+                self._set_phase("error", "error")
+                return AgentResult("error", result.text, result.error)
+            self._set_phase("done", "done")
+            return AgentResult("done", result.text)
+        except asyncio.CancelledError:
+            if not self._cancelled:
+                raise
+            self._set_phase("cancelled", "cancelled")
+            return AgentResult("cancelled", "", "cancelled")

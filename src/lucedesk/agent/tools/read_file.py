@@ -1,0 +1,72 @@
+"""read_file: a text file's lines, numbered, a window at a time."""
+
+from __future__ import annotations
+
+import asyncio
+
+from lucedesk.agent.tools.base import ToolContext, ToolError, ToolSpec, capped, schema
+
+MAX_READ_BYTES = 2 * 1024 * 1024  # larger files are read a window at a time, never whole
+DEFAULT_LINES = 400
+MAX_LINE_CHARS = 1000
+
+
+def read_lines(ctx: ToolContext, path: str, offset: int, limit: int) -> str:
+    real = ctx.workspace.resolve(path)
+    if not real.exists():
+        raise ctx.workspace.missing(path)
+    if real.is_dir():
+        raise ToolError(f"path: {path} is a folder; use list_dir")
+    lines: list[str] = []
+    total = 0
+    with real.open("rb") as f:
+        head = f.read(8192)
+        if b"\x00" in head:
+            raise ToolError(f"path: {path} is a binary file")
+        f.seek(0)
+        read = 0
+        for number, raw in enumerate(f, start=1):
+            total = number
+            read += len(raw)
+            if offset <= number < offset + limit:
+                line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                if len(line) > MAX_LINE_CHARS:
+                    line = line[:MAX_LINE_CHARS] + " [line cut]"
+                lines.append(line)
+            elif number >= offset + limit and read > MAX_READ_BYTES:
+                total = -1  # stopped counting
+                break
+    if not lines and total > 0:
+        raise ToolError(f"offset: the file has {total} lines")
+    shown = ctx.workspace.show(real)
+    last = offset + len(lines) - 1
+    if total == -1:
+        note = f"{shown}: lines {offset}-{last} (more follow; read on with offset={last + 1})"
+    elif last < total:
+        note = f"{shown}: lines {offset}-{last} of {total} (read on with offset={last + 1})"
+    else:
+        note = f"{shown}: {total} lines" if offset == 1 else f"{shown}: lines {offset}-{last}"
+    return capped(note + "\n" + "\n".join(lines))
+
+
+async def read_file(ctx: ToolContext, args: dict) -> str:
+    offset = args.get("offset", 1)
+    limit = args.get("limit", DEFAULT_LINES)
+    return await asyncio.to_thread(read_lines, ctx, args["path"], offset, limit)
+
+
+TOOL = ToolSpec(
+    "read_file",
+    "Read a text file in the workspace; long files a window at a time "
+    f"(offset = first line, 1-based; limit = number of lines, default {DEFAULT_LINES}).",
+    schema(
+        {
+            "path": {"type": "string", "description": "file path, relative to the workspace"},
+            "offset": {"type": "integer", "minimum": 1},
+            "limit": {"type": "integer", "minimum": 1, "maximum": 2000},
+        },
+        ["path"],
+    ),
+    read_file,
+    "read",
+)

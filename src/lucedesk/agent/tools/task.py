@@ -1,0 +1,37 @@
+"""task: hand a subtask to a child agent with a fresh context and its own tools. Several
+task calls in one turn run at the same time, each child in its own engine slot; each returns
+the child's final message."""
+
+from __future__ import annotations
+
+from lucedesk.agent.tools.base import ToolContext, ToolSpec, schema
+
+AGENT_TYPES = {
+    "explore": "read-only tools (read_file, list_dir, glob, grep): for looking things up",
+    "general": "every tool this agent has: for work that changes files or runs commands",
+}
+
+
+async def task(ctx: ToolContext, args: dict) -> str:
+    return await ctx.session.run_child(
+        args["description"], args["prompt"], args.get("agent_type", "explore")
+    )
+
+
+TOOL = ToolSpec(
+    "task",
+    "Start a subagent for a self-contained subtask. It starts with a fresh context (it sees "
+    "only `prompt`, so put everything it needs there), works with its own tools and returns "
+    "one final message. Call task several times in one turn to run subagents in parallel. "
+    "Agent types: " + "; ".join(f"{k}: {v}" for k, v in AGENT_TYPES.items()) + ".",
+    schema(
+        {
+            "description": {"type": "string", "description": "a short title (3-6 words)"},
+            "prompt": {"type": "string", "description": "the whole task for the subagent"},
+            "agent_type": {"type": "string", "enum": list(AGENT_TYPES)},
+        },
+        ["description", "prompt"],
+    ),
+    task,
+    "task",
+)

@@ -1,0 +1,73 @@
+"""write_file: create a file or replace its whole content, after the user approves the diff."""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+from pathlib import Path
+
+from lucedesk.agent.approvals import ApprovalRequest
+from lucedesk.agent.tools.base import ToolContext, ToolError, ToolSpec, schema
+
+MAX_WRITE_CHARS = 1_000_000
+
+
+def unified_diff(shown: str, before: str, after: str) -> str:
+    lines = difflib.unified_diff(
+        before.splitlines(keepends=True),
+        after.splitlines(keepends=True),
+        fromfile=f"a/{shown}",
+        tofile=f"b/{shown}",
+    )
+    return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+
+
+def current_text(real: Path, field: str = "path") -> str:
+    if real.is_dir():
+        raise ToolError(f"{field}: {real.name} is a folder")
+    if not real.exists():
+        return ""
+    data = real.read_bytes()
+    if b"\x00" in data[:8192]:
+        raise ToolError(f"{field}: {real.name} is a binary file")
+    return data.decode("utf-8", errors="replace")
+
+
+async def apply_change(ctx: ToolContext, tool: str, real: Path, before: str, after: str) -> str:
+    """Shows the diff for approval, then writes `after`; the result names what changed."""
+    shown = ctx.workspace.show(real)
+    diff = unified_diff(shown, before, after)
+    if not diff:
+        return f"{shown}: unchanged (the new content is the same)"
+    verb = "edit" if real.exists() else "create"
+    request = ApprovalRequest("edit", ctx.session.title, tool, f"{verb} {shown}", diff)
+    if not await ctx.approvals.approve(request):
+        raise ToolError(f"the user declined to {verb} {shown}")
+    await asyncio.to_thread(write_text, real, after)
+    added = sum(1 for line in diff.splitlines() if line.startswith("+") and line[:3] != "+++")
+    removed = sum(1 for line in diff.splitlines() if line.startswith("-") and line[:3] != "---")
+    return f"{shown}: {verb}d (+{added} -{removed} lines)"
+
+
+def write_text(real: Path, text: str) -> None:
+    real.parent.mkdir(parents=True, exist_ok=True)
+    real.write_text(text, encoding="utf-8")
+
+
+async def write_file(ctx: ToolContext, args: dict) -> str:
+    real = ctx.workspace.resolve(args["path"])
+    content = args["content"]
+    if len(content) > MAX_WRITE_CHARS:
+        raise ToolError(f"content: at most {MAX_WRITE_CHARS} characters")
+    before = await asyncio.to_thread(current_text, real)
+    return await apply_change(ctx, "write_file", real, before, content)
+
+
+TOOL = ToolSpec(
+    "write_file",
+    "Create a file, or replace a file's whole content (folders are created). Prefer edit_file "
+    "for changes to an existing file.",
+    schema({"path": {"type": "string"}, "content": {"type": "string"}}, ["path", "content"]),
+    write_file,
+    "write",
+)
