@@ -1,9 +1,14 @@
 """Agents against a real `lucedesk serve` process on the default model: the openai client's
-tool calls and JSON schema output, and pydantic-ai's agent loop run to its final answer."""
+tool calls and JSON schema output, and pydantic-ai's agent loop run to its final answer; and
+`lucedesk agent -p` headless on the default model, with its argument errors."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import jsonschema
 import openai
@@ -137,3 +142,77 @@ def test_pydantic_ai_agent_runs_its_tool_loop(serve, client):
     assert "24" in result.output.summary or "sunny" in result.output.summary.lower()
     texts = [p.content for m in result.all_messages() for p in m.parts if p.part_kind == "text"]
     assert not any("<tool_call>" in t for t in texts), texts
+
+
+# -- the headless CLI ------------------------------------------------------------------------
+
+
+def lucedesk_agent(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "LUCEDESK_DATA_DIR": str(tmp_path / "data")}
+    return subprocess.run(
+        [sys.executable, "-m", "lucedesk", "agent", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+
+
+def test_headless_agent_reads_a_file_and_answers_from_it(default_model, tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "notes.txt").write_text("The launch code is 7431.\n")
+    done = lucedesk_agent(
+        tmp_path,
+        "-p",
+        "Use list_dir and read_file to find the launch code in notes.txt, then answer with "
+        "the launch code.",
+        "--workspace",
+        str(ws),
+        "--tool-choice",
+        "list_dir,read_file,none",
+        "--no-mcp",
+        "--model",
+        str(default_model),
+        "--profile",
+        "cpu",
+        "--max-tokens",
+        "256",
+        "--json",
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    tools = {m["meta"]["name"]: m for m in out["session"]["messages"] if m["role"] == "tool"}
+    assert set(tools) == {"list_dir", "read_file"}, out
+    assert tools["list_dir"]["meta"]["error"] is False
+    assert tools["read_file"]["meta"]["error"] is False
+    assert "7431" in tools["read_file"]["content"]
+    assert out["status"] == "done" and "7431" in out["final"], out["final"]
+    assert (tmp_path / "data" / "sessions.db").exists()
+
+
+@pytest.mark.parametrize(
+    "args, option",
+    [
+        (["-p", "hi", "--workspace", "/nonexistent"], "--workspace"),
+        (["-p", "hi", "--tool-choice", "a b"], "--tool-choice"),
+        (["-p", "hi", "--max-steps", "0"], "--max-steps"),
+        (["-p", "  "], "--prompt"),
+    ],
+)
+def test_headless_bad_arguments_are_clean_errors(tmp_path, args, option):
+    done = lucedesk_agent(tmp_path, *args, "--base-url", "http://127.0.0.1:9", "--no-mcp")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("lucedesk: error: ") and option in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_headless_arguments_are_checked_before_a_model_loads(tmp_path):
+    """A model path that does not exist is never looked at: the bad option is named first."""
+    done = lucedesk_agent(
+        tmp_path, "-p", "hi", "--workspace", "/nonexistent", "--model", str(tmp_path / "none")
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        "lucedesk: error: --workspace: workspace /nonexistent: not a folder"
+    ]

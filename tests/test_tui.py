@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from dataclasses import replace
 
 import httpx
 import pytest
 
+from lucedesk.agent import AgentSession, Approvals
+from lucedesk.agent import session as agent_session
 from lucedesk.engine.runner import TorchSeqEngine
 from lucedesk.store import Store
 from lucedesk.tui.app import LucedeskApp
@@ -17,6 +18,7 @@ from lucedesk.tui.engine_host import EngineHost
 from lucedesk.tui.screens.main import MainScreen
 from lucedesk.tui.widgets.chat_input import ChatInput
 from lucedesk.tui.widgets.chat_pane import ChatPane
+from lucedesk.tui.widgets.session_list import SessionList
 from lucedesk.tui.widgets.slot_monitor import SlotMonitor
 
 SIZE = (140, 44)
@@ -38,12 +40,14 @@ def prepare(tmp_path, monkeypatch, tiny_llama):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("XDG_DOCUMENTS_DIR", str(tmp_path / "docs"))
     # A random model emits its end token at random; replies here run to their max tokens.
-    params = ChatPane.params
-    monkeypatch.setattr(
-        ChatPane,
-        "params",
-        lambda self, n, engine: replace(params(self, n, engine), ignore_eos=True),
-    )
+    turn_request = AgentSession.turn_request
+
+    def running_on(self, *args):
+        req = turn_request(self, *args)
+        req.ignore_eos = True
+        return req
+
+    monkeypatch.setattr(AgentSession, "turn_request", running_on)
     # The tiny model needs ~1 ms a step; 20 ms more keeps replies running long enough to watch.
     # Each step's decoding owners are recorded, so tests can tell what ran at the same time.
     execute = TorchSeqEngine.execute
@@ -58,7 +62,16 @@ def prepare(tmp_path, monkeypatch, tiny_llama):
     return tmp_path, tiny_llama
 
 
-def make_app(env, http: bool = False, slots: int = 4, extra: tuple[str, ...] = ()) -> LucedeskApp:
+def make_app(
+    env,
+    http: bool = False,
+    slots: int = 4,
+    extra: tuple[str, ...] = (),
+    tools: str = "chat",
+    approvals: Approvals | None = None,
+) -> LucedeskApp:
+    """The app on the tiny model; new sessions are plain chats (`tools`="chat") unless a test
+    gives them tools, working in the test's folder."""
     tmp, model = env
     host = EngineHost(
         str(model),
@@ -67,7 +80,9 @@ def make_app(env, http: bool = False, slots: int = 4, extra: tuple[str, ...] = (
         http=http,
         port=0,
     )
-    app = LucedeskApp(host, Store(tmp / "sessions.db"))
+    workspace = tmp / "workspace"
+    workspace.mkdir(exist_ok=True)
+    app = LucedeskApp(host, Store(tmp / "sessions.db"), workspace, tools, approvals or Approvals())
     app.notices = []
     real_notify = app.notify
 
@@ -128,13 +143,13 @@ async def test_two_panes_generate_at_once(env):
         await pilot.press("ctrl+g")
         monitor = screen.query_one(SlotMonitor)
         await wait_for(pilot, lambda: decoding(app) == 2)
-        assert decoded_together("pane:Chat 1", "pane:Chat 2")
+        assert decoded_together(first.agent.owner, second.agent.owner)
         monitor.refresh_stats()
         table = monitor.query_one("DataTable")
         phases = [table.get_row_at(i)[2] for i in range(table.row_count)]
         owners = {table.get_row_at(i)[1] for i in range(table.row_count)}
         assert phases.count("decode") == 2
-        assert {"pane:Chat 1", "pane:Chat 2"} <= owners
+        assert {first.agent.owner, second.agent.owner} <= owners
         await pilot.press("escape")  # the focused pane (the second) stops
         await wait_for(pilot, lambda: not second.busy)
         assert first.busy
@@ -158,23 +173,34 @@ async def test_escape_mid_reply_frees_the_slot(env):
         assert pane.session.messages[-1]["role"] == "assistant"
 
 
-async def test_fanout_keeps_slots_busy_then_merges(env):
+async def test_fanout_splits_runs_children_at_once_then_synthesizes(env, monkeypatch):
+    # A random model writes its strings to their longest: short ones keep the split quick.
+    monkeypatch.setattr(agent_session, "SUBTASK_TITLE_CHARS", 8)
+    monkeypatch.setattr(agent_session, "SUBTASK_CHARS", 24)
     app = make_app(env, slots=4)
     async with app.run_test(size=SIZE) as pilot:
         screen = await started(pilot)
         pane = screen.panes[0]
-        await type_and_send(pilot, pane, "/max 60")
-        await type_and_send(pilot, pane, "/fanout 4 list some ideas")
-        await wait_for(pilot, lambda: replied(pane, 2), 60)
-        assert decoded_together("sub1:", "sub2:", "sub3:", "sub4:")
-        merged = pane.session.messages[-1]
-        assert merged["role"] == "assistant"
-        assert all(f"### Subagent {i}" in merged["content"] for i in range(1, 5))
-        assert len(app.store.sessions("subagent")) == 4
-        # The parent continues from the merged answer.
+        await type_and_send(pilot, pane, "/max 40")
+        await type_and_send(pilot, pane, "/fanout 3 list some ideas")
+        # the split (3 task calls), 3 results, the synthesis
+        await wait_for(pilot, lambda: replied(pane, 6), 90)
+        children = [s for s in app.store.sessions("subagent") if s.parent_id == pane.session.id]
+        assert len(children) == 3
+        assert decoded_together(*(app.agents.live[c.id].owner for c in children))
+        split, *results, synthesis = pane.session.messages[1:]
+        assert [c["name"] for c in split["meta"]["tool_calls"]] == ["task"] * 3
+        assert [r["role"] for r in results] == ["tool"] * 3
+        assert all(not r["meta"]["error"] for r in results)
+        assert synthesis["role"] == "assistant" and synthesis["status"] == "done"
+        # The sidebar shows the children under their parent.
+        tree = screen.query_one(SessionList)
+        parent = tree.node_of(pane.session.id)
+        assert sorted(n.data for n in parent.children) == sorted(c.id for c in children)
+        # The parent continues from the synthesis.
         await type_and_send(pilot, pane, "/max 5")
         await type_and_send(pilot, pane, "summarize")
-        await wait_for(pilot, lambda: replied(pane, 4))
+        await wait_for(pilot, lambda: replied(pane, 8))
 
 
 async def test_bad_input_gets_notices(env):
@@ -220,8 +246,7 @@ async def test_sessions_survive_a_restart(env):
         pane = screen.panes[0]
         assert pane.session.title == "remembered" and pane.session.max_tokens == 8
         assert [m["content"] for m in pane.session.messages] == ["hello there", reply]
-        items = screen.query("SessionList ListItem")
-        assert len(items) == 1
+        assert [n.data for n in screen.query_one(SessionList).all_nodes()] == [pane.session.id]
 
 
 async def test_http_request_shows_in_monitor(env):

@@ -50,6 +50,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-http", action="store_true", help="TUI: do not serve HTTP")
     parser.add_argument("--host", default="127.0.0.1", help="TUI: HTTP address")
     parser.add_argument("--port", type=int, default=8642, help="TUI: HTTP port")
+    parser.add_argument(
+        "--workspace", default=".", help="TUI: the folder agents' tools work in (default: here)"
+    )
+    parser.add_argument(
+        "--tools",
+        choices=["on", "read", "off"],
+        default="on",
+        help="TUI: tools of new sessions: on (all), read (read-only) or off (plain chat)",
+    )
+    parser.add_argument("--allow-edits", action="store_true", help="TUI: edit without asking")
+    parser.add_argument(
+        "--allow-commands", action="store_true", help="TUI: run commands without asking"
+    )
+    parser.add_argument("--mcp-config", help="TUI: MCP servers file (default: the config folder's)")
+    parser.add_argument("--no-mcp", action="store_true", help="TUI: start no MCP servers")
     sub = parser.add_subparsers(dest="command")
 
     run = sub.add_parser("run", help="answer one prompt through the chat template, streamed")

@@ -236,6 +236,8 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def tui(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from lucedesk.store import Store
     from lucedesk.tui.app import LucedeskApp
     from lucedesk.tui.engine_host import EngineHost
@@ -249,6 +251,21 @@ def tui(args: argparse.Namespace) -> int:
         from lucedesk.server import check_host
 
         check_host(args.host, None)
-    app = LucedeskApp(host, Store(data / "sessions.db"))
+    from lucedesk.agent import Approvals
+    from lucedesk.agent.mcp import default_mcp_config_path
+
+    workspace = Path(args.workspace).expanduser()
+    if not workspace.is_dir():
+        from lucedesk.errors import ConfigError
+
+        raise ConfigError(f"--workspace {args.workspace}: not a folder")
+    app = LucedeskApp(
+        host,
+        Store(data / "sessions.db"),
+        workspace=workspace,
+        agent_type={"on": "general", "read": "explore", "off": "chat"}[args.tools],
+        approvals=Approvals(args.allow_edits, args.allow_commands),
+        mcp_config=None if args.no_mcp else Path(args.mcp_config or default_mcp_config_path()),
+    )
     app.run()
     return app.return_code or 0

@@ -94,7 +94,10 @@ def transcript(store: Store, session: Session) -> dict:
     }
 
 
-def run_headless(args: argparse.Namespace, store: Store, backend: Backend) -> int:
+def check_args(args: argparse.Namespace) -> tuple[Workspace, list[ToolChoice]]:
+    """The workspace and tool choices; a ConfigError naming the option that is wrong."""
+    if not args.prompt.strip():
+        raise ConfigError("-p/--prompt: give the task")
     try:
         workspace = Workspace(args.workspace)
     except ValueError as exc:
@@ -102,6 +105,11 @@ def run_headless(args: argparse.Namespace, store: Store, backend: Backend) -> in
     choices = parse_tool_choices(args.tool_choice)
     if args.max_steps < 1:
         raise ConfigError("--max-steps must be at least 1")
+    return workspace, choices
+
+
+def run_headless(args: argparse.Namespace, store: Store, backend: Backend) -> int:
+    workspace, choices = check_args(args)
     ask = terminal_ask if sys.stdin.isatty() and not args.json else None
     approvals = Approvals(args.allow_edits, args.allow_commands, ask)
     return asyncio.run(_run(args, store, backend, workspace, choices, approvals))
@@ -159,7 +167,8 @@ async def _run(args, store, backend, workspace, choices, approvals) -> int:
 
 def backend_from_args(args: argparse.Namespace) -> tuple[Backend, object | None]:
     """The remote server named by --base-url, else the in-process engine (built here; the
-    caller shuts it down)."""
+    caller shuts it down). The arguments are checked first: a typo costs no model load."""
+    check_args(args)
     if args.base_url:
         return OpenAIBackend(args.base_url, args.api_key), None
     from lucedesk.commands import build_from_args

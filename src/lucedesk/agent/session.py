@@ -32,7 +32,8 @@ from lucedesk.agent.events import (
     PhaseChanged,
     TextStreamed,
 )
-from lucedesk.agent.tools import TASK, ToolContext, ToolError, ToolSpec, tools_for
+from lucedesk.agent.tools import ToolContext, ToolError, ToolSpec, tools_for
+from lucedesk.agent.tools import task as task_tool
 from lucedesk.agent.workspace import Workspace
 from lucedesk.engine import Grammar, Tool, ToolCall, ToolChoice, TurnRequest, TurnResult
 from lucedesk.store import Session, Store
@@ -50,6 +51,9 @@ CHILD_PROMPT = """\
 You are a subagent: another agent gave you the task in the next message. Work on it with \
 your tools, then answer with one final message. The other agent reads only that message, \
 so put every finding it needs in it."""
+
+SUBTASK_TITLE_CHARS = 60  # the longest title and task a /fanout split may write
+SUBTASK_CHARS = 400
 
 SPLIT_PROMPT = """\
 Split this task into {count} distinct, self-contained subtasks that can be worked on at the \
@@ -161,10 +165,12 @@ class AgentSession:
 
     async def run(self) -> AgentResult:
         """The loop, from the conversation as it stands."""
+        self._cancelled = self._cancelled and self._task is None  # a cancel before the run holds
         self._task = asyncio.current_task()
-        self._cancelled = False
-        self._set_phase("starting", "running")
         try:
+            if self._cancelled:
+                raise asyncio.CancelledError
+            self._set_phase("starting", "running")
             return await self._loop()
         except asyncio.CancelledError:
             if not self._cancelled:
@@ -205,22 +211,38 @@ class AgentSession:
             )
         return [{"role": "system", "content": preamble}, *messages]
 
-    async def _model_turn(
-        self, choice: ToolChoice, tools_on: bool = True, response_format: Grammar | None = None
-    ) -> TurnResult:
-        tools = self.tools() if tools_on else []
+    def turn_request(
+        self,
+        choice: ToolChoice,
+        tools: list[ToolSpec],
+        response_format: Grammar | None,
+        max_tokens: int | None = None,
+    ) -> TurnRequest:
+        """The next model turn: the conversation, the tools, the session's sampling."""
         s = self.record
-        req = TurnRequest(
+        return TurnRequest(
             messages=self.model_messages(),
             tools=[Tool(t.name, t.description, t.parameters) for t in tools],
             tool_choice=choice if tools else ToolChoice(),
             # A forced turn makes one call: small models repeat a forced call to max_tokens.
             parallel_tool_calls=choice.mode == "auto",
             response_format=response_format,
-            max_tokens=s.max_tokens,
+            max_tokens=max_tokens or s.max_tokens,
+            fit_max_tokens=True,
             temperature=s.temperature,
             top_p=0.95 if s.temperature else 1.0,
         )
+
+    async def _model_turn(
+        self,
+        choice: ToolChoice,
+        tools_on: bool = True,
+        response_format: Grammar | None = None,
+        max_tokens: int | None = None,
+    ) -> TurnResult:
+        tools = self.tools() if tools_on else []
+        req = self.turn_request(choice, tools, response_format, max_tokens)
+        s = self.record
         reply = self.store.begin_reply(s)
         self.runtime.emit(MessageAdded(self, reply))
         self._set_phase("waiting for the model")
@@ -346,7 +368,7 @@ class AgentSession:
 
     def new_child(self, description: str, agent_type: str) -> AgentSession:
         s = self.record
-        if agent_type not in ("explore", "general"):
+        if agent_type not in ("chat", "explore", "general"):  # chat: a /fanout without tools
             raise ToolError("agent_type: explore or general")
         if self.depth >= self.runtime.limits.max_depth:
             raise ToolError("task: the depth limit is reached; do this work yourself")
@@ -376,7 +398,13 @@ class AgentSession:
         child = self.new_child(description, agent_type)
         if self._cancelled:
             raise asyncio.CancelledError
-        result = await asyncio.create_task(child.send(prompt))
+        running = asyncio.create_task(child.send(prompt))
+        try:
+            result = await running
+        except asyncio.CancelledError:
+            if child.record.status == "idle":  # cancelled before it began: it never ran
+                self.store.set_status(child.record, "cancelled")
+            raise
         if result.status == "done":
             return result.text.strip() or "(the subagent answered with an empty message)"
         if result.status == "cancelled":
@@ -385,22 +413,24 @@ class AgentSession:
             raise ToolError(f"the subagent stopped at its step limit. {result.text}")
         raise ToolError(f"the subagent failed: {result.error}")
 
-    async def fanout(self, count: int, task: str, agent_type: str = "explore") -> AgentResult:
+    async def fanout(self, count: int, task: str, agent_type: str | None = None) -> AgentResult:
         """`/fanout N <task>`: the model splits the task into N distinct subtasks (held to a
         JSON schema), N children work on them at once, and a last turn writes the synthesis
         from their results. The split is stored as N `task` calls, so the transcript reads
         like any other delegation."""
+        if agent_type is None:  # children only look; a session without tools gives them none
+            agent_type = "chat" if self.tools() == [] else "explore"
         prompt = SPLIT_PROMPT.format(count=count, task=task)
         message = self.store.add_message(self.record, "user", prompt)
         self.runtime.emit(MessageAdded(self, message))
+        self._cancelled = self._cancelled and self._task is None
         self._task = asyncio.current_task()
-        self._cancelled = False
         self._set_phase("splitting the task", "running")
         subtask = {
             "type": "object",
             "properties": {
-                "title": {"type": "string", "maxLength": 60},
-                "task": {"type": "string"},
+                "title": {"type": "string", "maxLength": SUBTASK_TITLE_CHARS},
+                "task": {"type": "string", "maxLength": SUBTASK_CHARS},
             },
             "required": ["title", "task"],
             "additionalProperties": False,
@@ -423,6 +453,8 @@ class AgentSession:
                 ToolChoice("none"),
                 tools_on=False,
                 response_format=Grammar.json_schema(split_schema),
+                # room for N subtasks at their longest (byte-level tokens included)
+                max_tokens=count * (SUBTASK_TITLE_CHARS + SUBTASK_CHARS) * 4 + 64,
             )
             if split.finish == "error":
                 self._set_phase("error", "error")
@@ -451,7 +483,7 @@ class AgentSession:
             }
             self.store.update_reply(reply, f"Splitting into {count} subagents.", "done", meta)
             self.runtime.emit(MessageDone(self, reply))
-            await self._run_calls(calls, {"task": TASK})
+            await self._run_calls(calls, {"task": task_tool.FANOUT})
             result = await self._model_turn(ToolChoice("none"), tools_on=False)
             if result.finish == "error":
                 self._set_phase("error", "error")

@@ -25,10 +25,11 @@ class Workspace:
             raise ToolError(f"{field}: give a path inside the workspace")
         if "\x00" in path:
             raise ToolError(f"{field}: a path cannot hold a NUL byte")
-        candidate = Path(path).expanduser()
-        if not candidate.is_absolute():
-            candidate = self.root / candidate
-        real = candidate.resolve()  # follows every symlink that exists along the way
+        try:
+            # follows every symlink that exists along the way
+            real = (self.root / Path(path).expanduser()).resolve()
+        except (OSError, RuntimeError) as exc:  # a symlink loop (Python < 3.13), ~nosuchuser
+            raise ToolError(f"{field}: {path}: {exc}") from None
         if not real.is_relative_to(self.root):
             raise ToolError(f"{field}: {path} is outside the workspace ({self.root})")
         return real

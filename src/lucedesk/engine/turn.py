@@ -49,6 +49,8 @@ class TurnRequest:
     ignore_eos: bool = False
     logprobs: int | None = None
     prompt_field: str = "messages"  # named in the error for a prompt that leaves no room
+    # Agents: shrink max_tokens to the room the prompt leaves instead of refusing the turn.
+    fit_max_tokens: bool = False
 
 
 @dataclass(slots=True, frozen=True)
@@ -99,8 +101,11 @@ def encode(engine: Engine, req: TurnRequest):
 def submit_turn(engine: Engine, req: TurnRequest, owner: str) -> Turn:
     """Encodes and submits; raises RequestError (the adapter answers it in its own shape)."""
     prompt_ids, grammar, parser = encode(engine, req)
+    max_tokens = engine.output_room(len(prompt_ids), req.max_tokens, req.prompt_field)
+    if req.fit_max_tokens:
+        max_tokens = min(max_tokens, engine.output_room(len(prompt_ids), None))
     params = SamplingParams(
-        max_tokens=engine.output_room(len(prompt_ids), req.max_tokens, req.prompt_field),
+        max_tokens=max_tokens,
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
         top_k=req.top_k or 0,

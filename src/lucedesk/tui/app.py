@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from textual.app import App, SystemCommand
 from textual.screen import Screen
 
+from lucedesk.agent import Approvals
 from lucedesk.store import Store
+from lucedesk.tui.agents import AgentRunner
 from lucedesk.tui.engine_host import EngineHost
 from lucedesk.tui.screens.loading import LoadingScreen
 
@@ -14,10 +18,23 @@ class LucedeskApp(App):
     CSS_PATH = "app.tcss"
     TITLE = "lucedesk"
 
-    def __init__(self, host: EngineHost, store: Store) -> None:
+    def __init__(
+        self,
+        host: EngineHost,
+        store: Store,
+        workspace: Path | None = None,
+        agent_type: str = "general",
+        approvals: Approvals | None = None,
+        mcp_config: Path | None = None,
+    ) -> None:
         super().__init__()
         self.host = host
         self.store = store
+        self.workspace = (workspace or Path.cwd()).resolve()  # where new sessions' tools work
+        self.agent_type = agent_type  # of new sessions: general, explore or chat (no tools)
+        self.agents = AgentRunner(self, approvals or Approvals())
+        self.mcp_config = mcp_config  # None: no MCP servers
+        self.mcp = None
         # Typed on the loading screen; the main screen puts it in its first pane's input.
         self.pending_input = ""
 
@@ -33,6 +50,7 @@ class LucedeskApp(App):
         if self.host.http_error:
             self.notify(f"HTTP is off: {self.host.http_error}", severity="warning", timeout=8)
         self.switch_screen(MainScreen())
+        self.run_worker(self.start_mcp(), group="mcp", exit_on_error=False)
 
     def switch_model(self, path: str) -> None:
         """Load another model in place of the running one; conversations stay."""
@@ -88,6 +106,30 @@ class LucedeskApp(App):
                 lambda action=binding.action: screen.run_action(action),
             )
 
-    def on_unmount(self) -> None:
+    async def start_mcp(self) -> None:
+        """MCP servers from the config file add their tools to every agent session."""
+        if self.mcp_config is None:
+            return
+        from lucedesk.agent.mcp import McpHub, load_mcp_config
+        from lucedesk.errors import ConfigError
+
+        try:
+            servers = load_mcp_config(self.mcp_config)
+        except ConfigError as exc:
+            self.notify(f"MCP servers are off: {exc}", severity="error", timeout=10)
+            return
+        if not servers:
+            return
+        self.mcp = McpHub()
+        await self.mcp.start(servers)
+        self.agents.extra_tools.extend(self.mcp.tools)
+        for name, error in self.mcp.errors.items():
+            self.notify(f"MCP server {name} is off: {error}", severity="warning", timeout=10)
+        if self.mcp.tools:
+            self.notify(f"{len(self.mcp.tools)} tools from MCP servers.")
+
+    async def on_unmount(self) -> None:
+        if self.mcp is not None:
+            await self.mcp.stop()
         self.host.stop()
         self.store.close()

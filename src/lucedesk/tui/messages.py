@@ -24,3 +24,10 @@ class SessionChosen(Message):
 @dataclass
 class SessionsChanged(Message):
     """A pane created or renamed a session: the sidebar lists them again."""
+
+
+@dataclass
+class AgentUpdate(Message):
+    """An agent session (a pane's, or a child's) did something: see lucedesk.agent.events."""
+
+    event: object

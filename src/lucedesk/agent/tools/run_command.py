@@ -13,6 +13,8 @@ from lucedesk.agent.tools.base import ToolContext, ToolError, ToolSpec, capped, 
 DEFAULT_TIMEOUT_S = 60
 MAX_TIMEOUT_S = 600
 MAX_OUTPUT_BYTES = 64 * 1024  # kept; the rest is read and counted, not stored
+EXIT_POLL_S = 0.02
+OUTPUT_GRACE_S = 2.0  # after the exit, for a process outside the group that holds the output
 
 
 def kill_group(proc: asyncio.subprocess.Process) -> None:
@@ -22,14 +24,31 @@ def kill_group(proc: asyncio.subprocess.Process) -> None:
         pass
 
 
-async def read_capped(stream: asyncio.StreamReader) -> tuple[bytes, int]:
-    kept = bytearray()
-    dropped = 0
+class Output:
+    """What a command wrote: the first MAX_OUTPUT_BYTES, and a count of the rest."""
+
+    def __init__(self) -> None:
+        self.kept = bytearray()
+        self.dropped = 0
+
+
+async def read_capped(stream: asyncio.StreamReader, out: Output) -> None:
     while chunk := await stream.read(65536):
-        room = MAX_OUTPUT_BYTES - len(kept)
-        kept += chunk[:room]
-        dropped += max(0, len(chunk) - room)
-    return bytes(kept), dropped
+        room = MAX_OUTPUT_BYTES - len(out.kept)
+        out.kept += chunk[:room]
+        out.dropped += max(0, len(chunk) - room)
+
+
+async def wait_exit(proc: asyncio.subprocess.Process, timeout: float) -> bool:
+    """Whether the shell exits within `timeout`. Not `proc.wait()`: before Python 3.12 that
+    also waits for the output pipe to close, which a background child (`server &`) holds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while proc.returncode is None:
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(EXIT_POLL_S)
+    return True
 
 
 async def run_command(ctx: ToolContext, args: dict) -> str:
@@ -50,21 +69,24 @@ async def run_command(ctx: ToolContext, args: dict) -> str:
         stderr=asyncio.subprocess.STDOUT,
         start_new_session=True,  # its own process group, so a kill takes its children too
     )
-    reader = asyncio.ensure_future(read_capped(proc.stdout))
+    out = Output()
+    reader = asyncio.ensure_future(read_capped(proc.stdout, out))
     try:
-        await asyncio.wait_for(asyncio.shield(proc.wait()), timeout)
-    except TimeoutError:
-        kill_group(proc)
-        await proc.wait()
-        output, dropped = await reader
-        return format_output(command, None, output, dropped, f"timed out after {timeout} s")
+        exited = await wait_exit(proc, timeout)
+        kill_group(proc)  # the command on a timeout; else what it left running in the background
+        # A process that left the group (setsid) may hold the output open: not for long.
+        await asyncio.wait({reader}, timeout=OUTPUT_GRACE_S)
     except asyncio.CancelledError:
         kill_group(proc)
         reader.cancel()
         raise
-    kill_group(proc)  # what it left running in the background goes too
-    output, dropped = await reader
-    return format_output(command, proc.returncode, output, dropped)
+    note = "" if exited else f"timed out after {timeout} s"
+    if reader.cancel():  # still reading: the output so far is what there is
+        proc._transport.close()  # lets go of the pipe (asyncio has no public way)
+        note = (note or f"exit code {proc.returncode}") + (
+            "; a process it started outside its group still holds the output open"
+        )
+    return format_output(command, proc.returncode, bytes(out.kept), out.dropped, note)
 
 
 def format_output(
@@ -72,9 +94,10 @@ def format_output(
 ) -> str:
     status = note or f"exit code {code}"
     text = output.decode("utf-8", errors="replace")
-    if dropped:
-        text += f"\n[... {dropped} more bytes of output not kept]"
-    return capped(f"$ {command}\n{status}\n{text}".rstrip())
+    result = capped(f"$ {command}\n{status}\n{text}".rstrip())
+    if dropped:  # after the cap, so the note is never cut off
+        result += f"\n[... {dropped} more bytes of output not kept]"
+    return result
 
 
 TOOL = ToolSpec(

@@ -4,6 +4,8 @@ the child's final message."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from lucedesk.agent.tools.base import ToolContext, ToolSpec, schema
 
 AGENT_TYPES = {
@@ -34,4 +36,17 @@ TOOL = ToolSpec(
     ),
     task,
     "task",
+)
+
+
+# /fanout's own calls: its children may also be plain chats (a session without tools).
+FANOUT = replace(
+    TOOL,
+    parameters={
+        **TOOL.parameters,
+        "properties": {
+            **TOOL.parameters["properties"],
+            "agent_type": {"type": "string", "enum": [*AGENT_TYPES, "chat"]},
+        },
+    },
 )

@@ -46,7 +46,8 @@ async def apply_change(ctx: ToolContext, tool: str, real: Path, before: str, aft
     await asyncio.to_thread(write_text, real, after)
     added = sum(1 for line in diff.splitlines() if line.startswith("+") and line[:3] != "+++")
     removed = sum(1 for line in diff.splitlines() if line.startswith("-") and line[:3] != "---")
-    return f"{shown}: {verb}d (+{added} -{removed} lines)"
+    done = "edited" if verb == "edit" else "created"
+    return f"{shown}: {done} (+{added} -{removed} lines)"
 
 
 def write_text(real: Path, text: str) -> None:

@@ -9,8 +9,9 @@ from textual.events import DescendantFocus
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
+from lucedesk.agent import ChildStarted, PhaseChanged
 from lucedesk.store import Session
-from lucedesk.tui.messages import SessionChosen, SessionsChanged
+from lucedesk.tui.messages import AgentUpdate, SessionChosen, SessionsChanged
 from lucedesk.tui.widgets.chat_input import ChatInput
 from lucedesk.tui.widgets.chat_pane import ChatPane
 from lucedesk.tui.widgets.engine_status import EngineStatus
@@ -43,11 +44,15 @@ class MainScreen(Screen):
     def compose(self) -> ComposeResult:
         yield Header()
         with Horizontal(id="body"):
-            yield SessionList(id="sessions")
+            yield SessionList(self.phase_of, id="sessions")
             yield Horizontal(id="panes")
         yield SlotMonitor(self.current_stats, self.remote_url)
         yield EngineStatus(self.current_stats)
         yield Footer()
+
+    def phase_of(self, session_id: int) -> str | None:
+        agent = self.app.agents.live.get(session_id)
+        return agent.phase if agent is not None and agent.running else None
 
     def current_stats(self):
         host = self.app.host
@@ -60,7 +65,7 @@ class MainScreen(Screen):
     async def on_mount(self) -> None:
         store = self.app.store
         sessions = store.sessions()
-        session = sessions[-1] if sessions else store.create_session("Chat 1")
+        session = sessions[-1] if sessions else self.new_session("Chat 1")
         self.refresh_sessions()
         pane = await self.add_pane(session)
         typed, self.app.pending_input = self.app.pending_input, ""
@@ -94,20 +99,42 @@ class MainScreen(Screen):
         panes = self.panes
         return panes[0] if panes else None
 
+    def new_session(self, title: str) -> Session:
+        """A chat with the app's default tools, working in the app's workspace."""
+        app = self.app
+        return app.store.create_session(
+            title, agent_type=app.agent_type, workspace=str(app.workspace)
+        )
+
     def refresh_sessions(self) -> None:
-        self.query_one(SessionList).show(self.app.store.sessions())
+        self.query_one(SessionList).show(self.app.store.sessions(None))
 
     def on_sessions_changed(self, message: SessionsChanged) -> None:
         self.refresh_sessions()
 
+    async def on_agent_update(self, message: AgentUpdate) -> None:
+        """An agent did something: the pane showing its session renders it; the sidebar
+        shows new children and phases."""
+        for pane in self.panes:
+            if pane.session.id == message.event.session.id:
+                await pane.on_agent_update(message)
+        if isinstance(message.event, ChildStarted):
+            self.refresh_sessions()
+        elif isinstance(message.event, PhaseChanged):
+            self.query_one(SessionList).relabel(message.event.session.record)
+
     async def on_session_chosen(self, message: SessionChosen) -> None:
         pane = self.pane()
-        target = next((s for s in self.app.store.sessions() if s.id == message.session_id), None)
+        live = self.app.agents.live.get(message.session_id)
+        target = live.record if live is not None else self.app.store.session(message.session_id)
         if target is None:
             return
         shown = next((p for p in self.panes if p.session.id == target.id), None)
         if shown is not None:
             shown.focus_input()
+            return
+        if pane is not None and pane.busy and len(self.panes) < MAX_PANES:
+            await self.add_pane(target)  # the busy pane goes on; this opens beside it
             return
         if pane is None or pane.busy:
             self.app.notify(
@@ -122,7 +149,8 @@ class MainScreen(Screen):
     def action_stop(self) -> None:
         pane = self.pane()
         if pane is not None and pane.stop():
-            self.app.notify("Stopped.")
+            kind = "Subagent" if pane.session.kind == "subagent" else "Agent"
+            self.app.notify(f"{kind} {pane.session.title!r} stopped.")
 
     async def action_new_session(self) -> None:
         pane = self.pane()
@@ -130,7 +158,7 @@ class MainScreen(Screen):
             self.app.notify("This pane is answering; split first or press Esc.", severity="warning")
             return
         count = len(self.app.store.sessions()) + 1
-        session = self.app.store.create_session(f"Chat {count}")
+        session = self.new_session(f"Chat {count}")
         self.refresh_sessions()
         if pane is None:
             await self.add_pane(session)
@@ -143,7 +171,7 @@ class MainScreen(Screen):
             self.app.notify(f"At most {MAX_PANES} panes side by side.", severity="warning")
             return
         count = len(self.app.store.sessions()) + 1
-        session = self.app.store.create_session(f"Chat {count}")
+        session = self.new_session(f"Chat {count}")
         self.refresh_sessions()
         await self.add_pane(session)
 

@@ -1,9 +1,9 @@
-"""A chat pane: one session's conversation, its input, its running reply or fan-out."""
+"""A chat pane: one session's conversation (a chat, an agent with tools, or a subagent
+opened from the sidebar), its input, and its agent's live work: replies streaming in, tool
+calls as compact blocks."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 
 import platformdirs
@@ -11,17 +11,16 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Label
 
-from lucedesk.engine import FinishReason, RequestError, RequestHandle, SamplingParams
+from lucedesk.agent import AgentSession, MessageAdded, MessageDone, PhaseChanged, TextStreamed
 from lucedesk.store import Session, export_markdown
-from lucedesk.tui.messages import PromptSubmitted, SessionsChanged
-from lucedesk.tui.remote import RemoteHandle
+from lucedesk.tui.messages import AgentUpdate, PromptSubmitted, SessionsChanged
 from lucedesk.tui.widgets.chat_input import ChatInput
 from lucedesk.tui.widgets.message_view import MessageView
-
-SAVE_EVERY_S = 1.0  # how often a growing reply is written to the store
+from lucedesk.tui.widgets.tool_call_view import ToolCallView
 
 HELP = (
-    "Commands: /fanout N <task> · /system <prompt> · /temp <0-2> · /max <tokens> · "
+    "Commands: /fanout N <task> · /tools on|read|off · /system <prompt> · /temp <0-2> · "
+    "/max <tokens> · "
     "/title <name> · /backend <url|local> · /model <path> · /help"
 )
 
@@ -39,20 +38,16 @@ class ChatPane(Vertical, can_focus=False):
     ChatPane:focus-within { border: round $accent; }
     ChatPane > #header { height: 1; padding: 0 1; color: $text-muted; }
     ChatPane > #log { height: 1fr; padding: 0 1; }
-    ChatPane > #subagents { height: auto; max-height: 50%; display: none;
-                            border-top: dashed $warning; padding: 0 1; }
-    ChatPane > #subagents.active { display: block; }
     """
 
     def __init__(self, session: Session) -> None:
         super().__init__()
         self.session = session
-        self.handles: list[RequestHandle | RemoteHandle] = []
+        self.views: dict[int, MessageView | ToolCallView] = {}  # by stored message id
 
     def compose(self) -> ComposeResult:
         yield Label(self.header_text(), id="header")
         yield VerticalScroll(id="log")
-        yield VerticalScroll(id="subagents")
         yield ChatInput(id="input")
 
     async def on_mount(self) -> None:
@@ -63,28 +58,48 @@ class ChatPane(Vertical, can_focus=False):
 
     @property
     def busy(self) -> bool:
-        return any(not h.finished for h in self.handles)
+        return self.app.agents.running(self.session.id)
 
     def header_text(self) -> str:
         s = self.session
-        system = " · system prompt set" if s.system_prompt else ""
+        kind = "subagent · " if s.kind == "subagent" else ""
+        tools = "no tools" if s.agent_type == "chat" else f"{s.agent_type} tools"
+        system = " · system prompt set" if s.system_prompt and s.kind != "subagent" else ""
         backend = f" · via {s.backend_url}" if s.backend_url else ""
-        return f"{s.title} · temp {s.temperature:g} · max {s.max_tokens}{system}{backend}"
+        agent = self.app.agents.live.get(s.id)
+        phase = f" · {agent.phase}" if agent is not None and agent.running else ""
+        return (
+            f"{kind}{s.title} · {tools} · temp {s.temperature:g} · max {s.max_tokens}"
+            f"{system}{backend}{phase}"
+        )
 
     def refresh_header(self) -> None:
         self.query_one("#header", Label).update(self.header_text())
 
     async def show_session(self, session: Session) -> None:
-        self.session = session
+        live = self.app.agents.live.get(session.id)
+        self.session = live.record if live is not None else session  # a running child's own
         log = self.query_one("#log", VerticalScroll)
         await log.remove_children()
-        views = []
-        for m in session.messages:
-            interrupted = m.get("status") == "interrupted"
-            title = f"{m['role']} · interrupted" if interrupted else None
-            views.append(MessageView(m["role"], m["content"], title=title))
-        await log.mount_all(views)
+        self.views = {}
+        views = [self.view_for(m) for m in self.session.messages]
+        await log.mount_all([v for v in views if v is not None])
         self.refresh_header()
+
+    def view_for(self, m: dict) -> MessageView | ToolCallView | None:
+        """The widget of one stored message (remembered by id, so updates find it)."""
+        if m["role"] == "tool":
+            view = ToolCallView(m)
+        elif m["role"] == "assistant" and not m["content"] and m["meta"].get("tool_calls"):
+            if m.get("status") != "streaming":
+                return None  # its calls follow, each in its own block
+            view = MessageView("assistant")
+        else:
+            title = f"{m['role']} · interrupted" if m.get("status") == "interrupted" else None
+            view = MessageView(m["role"], m["content"], title=title)
+        if "id" in m:
+            self.views[m["id"]] = view
+        return view
 
     def focus_input(self) -> None:
         self.query_one(ChatInput).focus()
@@ -108,9 +123,7 @@ class ChatPane(Vertical, can_focus=False):
         await self.send(text)
 
     async def send(self, text: str) -> None:
-        self.app.store.add_message(self.session, "user", text)
-        await self.query_one("#log").mount(MessageView("user", text))
-        self.start_reply()
+        self.run_worker(self.run_agent(self.agent.send(text)), group="agent")
 
     async def run_command(self, line: str) -> bool:
         """A slash command; False (and a notice) when it is not understood."""
@@ -121,6 +134,16 @@ class ChatPane(Vertical, can_focus=False):
             if name == "fanout":
                 count, _, task = rest.partition(" ")
                 self.start_fanout(number(int, count), task.strip())
+            elif name == "tools":
+                modes = {"off": "chat", "read": "explore", "on": "general"}
+                if rest not in modes:
+                    raise ValueError("/tools on (every tool), read (read-only) or off")
+                s.agent_type = modes[rest]
+                s.workspace = s.workspace or str(self.app.workspace)
+                self.app.notify(
+                    f"Tools {rest} for this session"
+                    + (f" in {s.workspace}." if rest != "off" else ".")
+                )
             elif name == "system":
                 s.system_prompt = rest
                 self.app.notify("System prompt set." if rest else "System prompt cleared.")
@@ -163,106 +186,93 @@ class ChatPane(Vertical, can_focus=False):
         self.refresh_header()
         return True
 
-    # -- generation -------------------------------------------------------------------------
+    # -- the agent --------------------------------------------------------------------------
 
-    def params(self, prompt_len: int, engine) -> SamplingParams:
-        s = self.session
-        return SamplingParams(
-            max_tokens=min(s.max_tokens, engine.output_room(prompt_len, None)),
-            temperature=s.temperature,
-            top_p=0.95 if s.temperature else 1.0,
-        )
-
-    def submit(self, messages: list[dict], owner: str) -> RequestHandle | RemoteHandle | None:
-        if self.session.backend_url:
-            s = self.session
-            params = SamplingParams(
-                max_tokens=s.max_tokens,
-                temperature=s.temperature,
-                top_p=0.95 if s.temperature else 1.0,
-            )
-            handle = RemoteHandle(s.backend_url, messages, params, owner).start()
-            self.handles.append(handle)
-            return handle
-        engine = self.app.host.engine
-        try:
-            prompt = engine.encode_chat(messages).token_ids
-            handle = engine.submit(prompt, self.params(len(prompt), engine), owner=owner)
-        except RequestError as exc:
-            self.app.notify(f"Cannot send: {exc}", severity="error", timeout=6)
-            return None
-        self.handles.append(handle)
-        return handle
+    @property
+    def agent(self) -> AgentSession:
+        return self.app.agents.session(self.session)
 
     def start_reply(self) -> None:
-        handle = self.submit(self.session.chat_messages(), owner=f"pane:{self.session.title[:18]}")
-        if handle is not None:
-            self.run_worker(self.stream_reply(handle), group="reply")
+        """The agent works from the conversation as it stands."""
+        self.run_worker(self.run_agent(self.agent.run()), group="agent")
 
-    async def stream_reply(self, handle: RequestHandle | RemoteHandle) -> None:
-        view = MessageView("assistant")
-        await self.query_one("#log").mount(view)
-        store = self.app.store
-        reply = store.begin_reply(self.session)
-        reason, error = await self._pump(handle, view, reply)
-        if reason is FinishReason.CANCELLED and not view.content:
+    async def run_agent(self, work) -> None:
+        agent = self.agent
+        result = await work
+        if result.status == "error":
+            self.app.notify(f"{self.session.title}: {result.error}", severity="error", timeout=6)
+        messages = self.session.messages
+        if (
+            result.status == "cancelled"
+            and agent.parent is None
+            and len(messages) >= 2
+            and messages[-1]["role"] == "assistant"
+            and not messages[-1]["content"]
+            and not messages[-1]["meta"].get("tool_calls")
+            and messages[-2]["role"] == "user"
+        ):
             # Stopped before a word: take the question back into the input, as if unsent.
-            await view.remove()
-            store.drop_last_message(self.session)  # the empty reply
-            last = self.session.messages[-1]["content"] if self.session.messages else ""
+            store = self.app.store
+            store.drop_last_message(self.session)
+            last = self.session.messages[-1]["content"]
             store.drop_last_message(self.session)
             await self.show_session(self.session)
             self.query_one(ChatInput).text = last
-            return
-        note = {
-            FinishReason.CANCELLED: "stopped",
-            FinishReason.LENGTH: "max tokens",
-            FinishReason.ERROR: f"error: {error}",
-        }.get(reason)
-        await view.finish(note)
-        store.update_reply(reply, view.content, status="done")
+        self.post_message(SessionsChanged())
 
-    async def _pump(
-        self, handle: RequestHandle | RemoteHandle, view: MessageView, reply: dict | None = None
-    ):
-        """Streams `handle` into `view`; saves the text so far into the stored `reply` at
-        most once a second."""
-        reason, error = FinishReason.ERROR, "no output"
-        saved_at = time.monotonic()
-        async for first in handle:
-            # Everything that arrived while the last render ran goes into one update.
-            burst = [first, *handle.take_ready()]
-            text = "".join(out.text for out in burst)
-            if text:
-                await view.append(text)
-                if reply is not None and time.monotonic() - saved_at >= SAVE_EVERY_S:
-                    self.app.store.update_reply(reply, view.content)
-                    saved_at = time.monotonic()
-            if burst[-1].finished:
-                reason, error = burst[-1].finish_reason, burst[-1].error
-                break
-        return reason, error
+    async def on_agent_update(self, message: AgentUpdate) -> None:
+        """What the agent of the shown session did; the screen forwards every update."""
+        event = message.event
+        if event.session.id != self.session.id:
+            return
+        if isinstance(event, PhaseChanged):
+            self.refresh_header()
+        elif isinstance(event, MessageAdded):
+            view = self.view_for(event.message)
+            if view is not None:
+                await self.query_one("#log").mount(view)
+        elif isinstance(event, TextStreamed):
+            view = self.views.get(event.message["id"])
+            if isinstance(view, MessageView):
+                await view.append(event.text)
+        elif isinstance(event, MessageDone):
+            view = self.views.get(event.message["id"])
+            if isinstance(view, ToolCallView):
+                view.update_call(event.message)
+            elif isinstance(view, MessageView):
+                meta = event.message.get("meta") or {}
+                note = "stopped" if meta.get("stopped") else None
+                note = "max tokens" if meta.get("cut") else note
+                note = f"error: {meta['error']}" if meta.get("error") else note
+                await view.finish(note)
+                if not view.content and meta.get("tool_calls"):
+                    await view.remove()  # the calls follow, each in its own block
 
     def stop(self) -> bool:
-        """Esc: cancel the running reply or fan-out. True if something was running."""
-        running = [h for h in self.handles if not h.finished]
-        for h in running:
-            h.cancel()
-        return bool(running)
+        """Esc: cancel this pane's agent (a child shown here: that child alone, with its own
+        children). True if something was running."""
+        agent = self.app.agents.live.get(self.session.id)
+        if agent is None or not agent.running:
+            return False
+        agent.cancel()
+        return True
 
     async def regenerate(self) -> None:
         if self.busy:
             self.app.notify("Still answering; Esc stops it first.", severity="warning")
             return
-        if not self.session.messages or self.session.messages[-1]["role"] != "assistant":
+        messages = self.session.messages
+        if not messages or messages[-1]["role"] == "user":
             self.app.notify("Nothing to regenerate yet.", severity="warning")
             return
-        self.app.store.drop_last_message(self.session)
+        while self.session.messages and self.session.messages[-1]["role"] != "user":
+            self.app.store.drop_last_message(self.session)  # the reply and its tool calls
         await self.show_session(self.session)
         self.start_reply()
 
     def last_reply(self) -> str | None:
         replies = [m["content"] for m in self.session.messages if m["role"] == "assistant"]
+        replies = [r for r in replies if r]
         return replies[-1] if replies else None
 
     def export(self) -> Path:
@@ -281,57 +291,6 @@ class ChatPane(Vertical, can_focus=False):
             raise ValueError("say what the subagents should do: /fanout N <task>")
         if not 1 <= count <= slots:
             raise ValueError(f"N must be between 1 and the engine's {slots} slots")
-        self.run_worker(self.fanout(count, task), group="fanout")
-
-    async def fanout(self, count: int, task: str) -> None:
-        """N subagents, each a session of its own starting from this conversation plus its
-        own instruction, run at once in separate slots; their answers come back here as one
-        message the conversation continues from."""
-        parent, store = self.session, self.app.store
-        panel = self.query_one("#subagents", VerticalScroll)
-        await panel.remove_children()
-        panel.add_class("active")
-        runs = []
-        subs = []
-        with store.transaction():  # the children land together, each with its task
-            for i in range(count):
-                sub = store.create_session(
-                    f"{parent.title} · subagent {i + 1}/{count}",
-                    kind="subagent",
-                    parent_id=parent.id,
-                    system_prompt=parent.system_prompt,
-                    temperature=parent.temperature,
-                    max_tokens=parent.max_tokens,
-                )
-                for m in parent.messages:
-                    store.add_message(sub, m["role"], m["content"])
-                store.add_message(
-                    sub,
-                    "user",
-                    f"{task}\n\n(You are subagent {i + 1} of {count}; "
-                    "work on this independently and answer in full.)",
-                )
-                subs.append((sub, store.begin_reply(sub)))
-        for i, (sub, reply) in enumerate(subs):
-            handle = self.submit(sub.chat_messages(), owner=f"sub{i + 1}:{parent.title[:14]}")
-            if handle is None:
-                break
-            view = MessageView("assistant", title=f"subagent {i + 1}/{count}")
-            await panel.mount(view)
-            runs.append((sub, reply, handle, view))
-        results = await asyncio.gather(*(self._pump(h, v, r) for _, r, h, v in runs))
-        parts = []
-        for (_sub, reply, _, view), (reason, _error) in zip(runs, results):
-            await view.finish()
-            store.update_reply(reply, view.content, status="done")
-            status = "" if reason in (FinishReason.STOP, FinishReason.LENGTH) else f" ({reason})"
-            parts.append(f"### Subagent {len(parts) + 1}{status}\n\n{view.content.strip()}")
-        panel.remove_class("active")
-        await panel.remove_children()
-        if not parts:
-            return
-        with store.transaction():
-            store.add_message(parent, "user", f"Fan-out to {count} subagents: {task}")
-            store.add_message(parent, "assistant", "\n\n".join(parts))
-        await self.show_session(parent)
-        self.post_message(SessionsChanged())
+        if self.busy:
+            raise ValueError("this pane is still answering; Esc stops it")
+        self.run_worker(self.run_agent(self.agent.fanout(count, task)), group="agent")

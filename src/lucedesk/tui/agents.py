@@ -1,0 +1,86 @@
+"""The TUI's side of agent sessions: one runtime per backend, the live AgentSession of each
+stored session, approvals asked in a dialog, and agent events posted to the main screen."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from lucedesk.agent import (
+    AgentEvent,
+    AgentSession,
+    ApprovalRequest,
+    Approvals,
+    ChildStarted,
+    EngineBackend,
+    Limits,
+    OpenAIBackend,
+    Runtime,
+)
+from lucedesk.store import Session
+from lucedesk.tui.messages import AgentUpdate
+
+if TYPE_CHECKING:
+    from lucedesk.tui.app import LucedeskApp
+
+
+class AgentRunner:
+    def __init__(self, app: LucedeskApp, approvals: Approvals) -> None:
+        self.app = app
+        self.approvals = approvals
+        self.approvals.ask = self.ask
+        self.extra_tools: list = []  # MCP servers' tools, once started
+        self.live: dict[int, AgentSession] = {}  # by stored session id
+        self._runtimes: dict[str, Runtime] = {}
+        self._asking = asyncio.Lock()  # one approval dialog at a time
+
+    def runtime(self, backend_url: str) -> Runtime:
+        runtime = self._runtimes.get(backend_url)
+        if runtime is None:
+            backend = (
+                OpenAIBackend(backend_url)
+                if backend_url
+                else EngineBackend(lambda: self.app.host.engine)
+            )
+            runtime = Runtime(
+                backend, self.app.store, self.approvals, self.extra_tools, self.observe, Limits()
+            )
+            self._runtimes[backend_url] = runtime
+        return runtime
+
+    def session(self, record: Session) -> AgentSession:
+        """The live agent of a stored session (made on first use)."""
+        agent = self.live.get(record.id)
+        if agent is None or (agent.record is not record and not agent.running):
+            agent = AgentSession(self.runtime(record.backend_url), record)
+            self.live[record.id] = agent
+        return agent
+
+    def running(self, session_id: int) -> bool:
+        agent = self.live.get(session_id)
+        return agent is not None and agent.running
+
+    def observe(self, event: AgentEvent) -> None:
+        if isinstance(event, ChildStarted):
+            self.live[event.child.id] = event.child
+        screen = self.app.screen
+        from lucedesk.tui.screens.main import MainScreen
+
+        for candidate in [screen, *self.app.screen_stack]:
+            if isinstance(candidate, MainScreen):
+                candidate.post_message(AgentUpdate(event))
+                return
+
+    async def ask(self, request: ApprovalRequest) -> bool:
+        from lucedesk.tui.screens.approval import ApprovalDialog
+
+        async with self._asking:
+            answered: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+            self.app.push_screen(ApprovalDialog(request), answered.set_result)
+            choice = await answered
+        if choice == "always":
+            if request.kind == "edit":
+                self.approvals.allow_edits = True
+            else:
+                self.approvals.allow_commands = True
+        return choice in ("once", "always")

@@ -1,0 +1,74 @@
+"""One tool call in a transcript, collapsed to a line (name, arguments, how it ended);
+expanded, the arguments and the first lines of the result."""
+
+from __future__ import annotations
+
+import json
+
+from textual.content import Content
+from textual.widgets import Collapsible, Static
+
+PREVIEW_LINES = 24
+
+
+def brief_arguments(arguments: str, width: int = 60) -> str:
+    try:
+        args = json.loads(arguments or "{}")
+    except ValueError:
+        return arguments[:width]
+    if not isinstance(args, dict):
+        return str(args)[:width]
+    text = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in args.items())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+class ToolCallView(Collapsible):
+    DEFAULT_CSS = """
+    ToolCallView { height: auto; margin: 0 0 1 0; border: none; padding: 0; }
+    ToolCallView.error CollapsibleTitle { color: $error; }
+    ToolCallView.running CollapsibleTitle { color: $warning; }
+    ToolCallView Static { color: $text-muted; }
+    """
+
+    def __init__(self, message: dict) -> None:
+        self.message = message
+        super().__init__(Static("", id="body", markup=False), title=self.heading(), collapsed=True)
+        self.set_classes(self.state())
+
+    def state(self) -> str:
+        status = self.message.get("status")
+        if status == "streaming":
+            return "running"
+        if status == "interrupted" or (self.message.get("meta") or {}).get("error"):
+            return "error"
+        return "done"
+
+    def heading(self) -> Content:
+        meta = self.message.get("meta") or {}
+        status = self.message.get("status")
+        first = (self.message.get("content") or "").strip().splitlines()
+        if status == "streaming":
+            end = "running…"
+        elif status == "interrupted":
+            end = "interrupted"
+        else:
+            end = first[0][:70] if first else "done"
+        call = f"{meta.get('name', '?')}({brief_arguments(meta.get('arguments', ''))})"
+        return Content(f"⚙ {call} · {end}")  # plain text: arguments may hold brackets
+
+    def body_text(self) -> str:
+        meta = self.message.get("meta") or {}
+        lines = (self.message.get("content") or "").splitlines()
+        shown = "\n".join(lines[:PREVIEW_LINES])
+        if len(lines) > PREVIEW_LINES:
+            shown += f"\n… {len(lines) - PREVIEW_LINES} more lines"
+        return f"arguments: {meta.get('arguments', '')}\n\n{shown}"
+
+    def on_mount(self) -> None:
+        self.query_one("#body", Static).update(self.body_text())
+
+    def update_call(self, message: dict) -> None:
+        self.message = message
+        self.title = self.heading()
+        self.set_classes(self.state())
+        self.query_one("#body", Static).update(self.body_text())
