@@ -45,10 +45,9 @@ def terminal_ask(request: ApprovalRequest) -> asyncio.Future[bool]:
 
     def ask() -> bool:
         print(f"\n{request.session_title}: {request.summary}\n{request.detail}", file=sys.stderr)
-        try:
-            answer = input("allow? [y/N] ")
-        except EOFError:
-            return False
+        sys.stderr.write("allow? [y/N] ")  # stdout holds the answer, maybe redirected
+        sys.stderr.flush()
+        answer = sys.stdin.readline()
         return answer.strip().lower() in ("y", "yes")
 
     return asyncio.ensure_future(asyncio.to_thread(ask))

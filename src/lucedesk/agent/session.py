@@ -8,7 +8,7 @@ Everything is written to the store as it happens: the user message, the reply as
 it ends, and the session's status.
 
 Cancel is explicit: `cancel()` marks the session and its children cancelled and cancels the
-task running each; a cancelled child's parent goes on with "cancelled" as the task's result.
+task running each; a cancelled child's parent goes on, the task's result an error saying so.
 """
 
 from __future__ import annotations

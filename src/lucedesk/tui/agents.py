@@ -31,11 +31,11 @@ class AgentRunner:
         self.approvals.ask = self.ask
         self.extra_tools: list = []  # MCP servers' tools, once started
         self.live: dict[int, AgentSession] = {}  # by stored session id
-        self._runtimes: dict[str, Runtime] = {}
+        self.runtimes: dict[str, Runtime] = {}
         self._asking = asyncio.Lock()  # one approval dialog at a time
 
     def runtime(self, backend_url: str) -> Runtime:
-        runtime = self._runtimes.get(backend_url)
+        runtime = self.runtimes.get(backend_url)
         if runtime is None:
             backend = (
                 OpenAIBackend(backend_url)
@@ -45,7 +45,7 @@ class AgentRunner:
             runtime = Runtime(
                 backend, self.app.store, self.approvals, self.extra_tools, self.observe, Limits()
             )
-            self._runtimes[backend_url] = runtime
+            self.runtimes[backend_url] = runtime
         return runtime
 
     def session(self, record: Session) -> AgentSession:

@@ -1,4 +1,4 @@
-"""The built-in tools, one module each; MCP servers add theirs (tools/mcp.py)."""
+"""The built-in tools, one module each; MCP servers add theirs (lucedesk.agent.mcp)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ AGENT_TYPES = ("chat", "explore", "general")  # chat: no tools
 
 def tools_for(agent_type: str, extra: list[ToolSpec], can_spawn: bool) -> list[ToolSpec]:
     """What an agent of `agent_type` may call: explore agents only look; general agents get
-    every tool, MCP servers' tools and, above the depth limit, `task`."""
+    every tool, MCP servers' tools and, below the depth limit, `task`."""
     if agent_type == "chat":
         return []
     if agent_type == "explore":

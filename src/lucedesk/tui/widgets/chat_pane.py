@@ -286,7 +286,7 @@ class ChatPane(Vertical, can_focus=False):
     # -- subagents --------------------------------------------------------------------------
 
     def start_fanout(self, count: int, task: str) -> None:
-        slots = self.app.host.engine.max_slots
+        slots = min(self.app.host.engine.max_slots, self.agent.runtime.limits.max_children)
         if not task:
             raise ValueError("say what the subagents should do: /fanout N <task>")
         if not 1 <= count <= slots:
