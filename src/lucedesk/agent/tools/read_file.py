@@ -1,4 +1,4 @@
-"""read_file: a text file's lines, numbered, a window at a time."""
+"""read_file: a text file's lines under a header naming the range, a window at a time."""
 
 from __future__ import annotations
 

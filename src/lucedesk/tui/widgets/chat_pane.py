@@ -4,6 +4,7 @@ calls as compact blocks."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import platformdirs
@@ -44,6 +45,7 @@ class ChatPane(Vertical, can_focus=False):
         super().__init__()
         self.session = session
         self.views: dict[int, MessageView | ToolCallView] = {}  # by stored message id
+        self._starting = False  # a run is on its way to the agent (busy before it starts)
 
     def compose(self) -> ComposeResult:
         yield Label(self.header_text(), id="header")
@@ -58,7 +60,7 @@ class ChatPane(Vertical, can_focus=False):
 
     @property
     def busy(self) -> bool:
-        return self.app.agents.running(self.session.id)
+        return self._starting or self.app.agents.running(self.session.id)
 
     def header_text(self) -> str:
         s = self.session
@@ -123,6 +125,7 @@ class ChatPane(Vertical, can_focus=False):
         await self.send(text)
 
     async def send(self, text: str) -> None:
+        self._starting = True
         self.run_worker(self.run_agent(self.agent.send(text)), group="agent")
 
     async def run_command(self, line: str) -> bool:
@@ -194,11 +197,17 @@ class ChatPane(Vertical, can_focus=False):
 
     def start_reply(self) -> None:
         """The agent works from the conversation as it stands."""
+        self._starting = True
         self.run_worker(self.run_agent(self.agent.run()), group="agent")
 
     async def run_agent(self, work) -> None:
         agent = self.agent
-        result = await work
+        try:
+            task = asyncio.ensure_future(work)
+            await asyncio.sleep(0)  # the run has begun: the agent itself says it is running
+        finally:
+            self._starting = False
+        result = await task
         if result.status == "error":
             self.app.notify(f"{self.session.title}: {result.error}", severity="error", timeout=6)
         messages = self.session.messages
@@ -293,4 +302,5 @@ class ChatPane(Vertical, can_focus=False):
             raise ValueError(f"N must be between 1 and the engine's {slots} slots")
         if self.busy:
             raise ValueError("this pane is still answering; Esc stops it")
+        self._starting = True
         self.run_worker(self.run_agent(self.agent.fanout(count, task)), group="agent")
