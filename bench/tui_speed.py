@@ -84,12 +84,18 @@ async def in_tui(model: Path, overrides: list[str], tokens: int, monitor: bool) 
                 await pilot.pause(0.1)
             if monitor:
                 await pilot.press("ctrl+g")
-            box = app.screen.panes[0].query_one(ChatInput)
-            box.focus()
-            box.text = PROMPT
-            await pilot.press("enter")
-            await asyncio.wait_for(done.wait(), 600)
-            await pilot.pause(0.2)
+            pane = app.screen.panes[0]
+            box = pane.query_one(ChatInput)
+            for _ in range(2):  # a warm-up reply first (as headless gets one), then a new chat
+                await app.screen.action_new_session()
+                stamps.clear()
+                done.clear()
+                box.focus()
+                box.text = PROMPT
+                await pilot.press("enter")
+                await asyncio.wait_for(done.wait(), 600)
+                while pane.busy:
+                    await pilot.pause(0.05)
     return rate(stamps)
 
 

@@ -16,9 +16,12 @@ from lucedesk.agent import (
     Limits,
     OpenAIBackend,
     Runtime,
+    TextStreamed,
 )
 from lucedesk.store import Session
 from lucedesk.tui.messages import AgentUpdate
+
+FLUSH_S = 0.05
 
 if TYPE_CHECKING:
     from lucedesk.tui.app import LucedeskApp
@@ -31,6 +34,9 @@ class AgentRunner:
         self.approvals.ask = self.ask
         self.extra_tools: list = []  # MCP servers' tools, once started
         self.live: dict[int, AgentSession] = {}  # by stored session id
+        self.screen = None  # the main screen, once mounted: it renders agent events
+        self._held: dict[int, TextStreamed] = {}  # streamed text not yet handed on, by reply
+        self._flush_at: asyncio.TimerHandle | None = None
         self.runtimes: dict[str, Runtime] = {}
         self._asking = asyncio.Lock()  # one approval dialog at a time
 
@@ -61,15 +67,33 @@ class AgentRunner:
         return agent is not None and agent.running
 
     def observe(self, event: AgentEvent) -> None:
+        """Called for every agent event: hands it to the main screen. Streamed text is
+        gathered and handed on FLUSH_S later in one piece per reply (a reply renders at
+        most ten times a second anyway; a message per token cost the engine's cores)."""
         if isinstance(event, ChildStarted):
             self.live[event.child.id] = event.child
-        screen = self.app.screen
-        from lucedesk.tui.screens.main import MainScreen
+        if isinstance(event, TextStreamed):
+            key = event.message["id"]
+            held = self._held.get(key)
+            text = held.text + event.text if held is not None else event.text
+            self._held[key] = TextStreamed(event.session, event.message, text)
+            if self._flush_at is None:
+                self._flush_at = asyncio.get_running_loop().call_later(FLUSH_S, self.flush)
+            return
+        self.flush()  # what was streamed goes first: events keep their order
+        self.post(event)
 
-        for candidate in [screen, *self.app.screen_stack]:
-            if isinstance(candidate, MainScreen):
-                candidate.post_message(AgentUpdate(event))
-                return
+    def flush(self) -> None:
+        if self._flush_at is not None:
+            self._flush_at.cancel()
+            self._flush_at = None
+        held, self._held = self._held, {}
+        for event in held.values():
+            self.post(event)
+
+    def post(self, event: AgentEvent) -> None:
+        if self.screen is not None:
+            self.screen.post_message(AgentUpdate(event))
 
     async def ask(self, request: ApprovalRequest) -> bool:
         from lucedesk.tui.screens.approval import ApprovalDialog

@@ -40,12 +40,13 @@ class MainScreen(Screen):
     def __init__(self) -> None:
         super().__init__()
         self.active: ChatPane | None = None
+        self.pane_box = Horizontal(id="panes")
 
     def compose(self) -> ComposeResult:
         yield Header()
         with Horizontal(id="body"):
             yield SessionList(self.phase_of, id="sessions")
-            yield Horizontal(id="panes")
+            yield self.pane_box
         yield SlotMonitor(self.current_stats, self.remote_url)
         yield EngineStatus(self.current_stats)
         yield Footer()
@@ -63,6 +64,7 @@ class MainScreen(Screen):
         return pane.session.backend_url if pane is not None else ""
 
     async def on_mount(self) -> None:
+        self.app.agents.screen = self
         store = self.app.store
         sessions = store.sessions()
         session = sessions[-1] if sessions else self.new_session("Chat 1")
@@ -78,11 +80,12 @@ class MainScreen(Screen):
 
     @property
     def panes(self) -> list[ChatPane]:
-        return list(self.query(ChatPane))
+        # Asked per agent event (every token): the box's children, not a query of the DOM.
+        return [w for w in self.pane_box.children if isinstance(w, ChatPane)]
 
     async def add_pane(self, session: Session) -> ChatPane:
         pane = ChatPane(session)
-        await self.query_one("#panes").mount(pane)
+        await self.pane_box.mount(pane)
         self.active = pane
         pane.focus_input()
         return pane

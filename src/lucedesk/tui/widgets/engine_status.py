@@ -45,4 +45,4 @@ class EngineStatus(Label):
         text = status_text(self._stats())
         if text != self.shown:  # an idle engine costs the UI nothing
             self.shown = text
-            self.update(text)
+            self.update(text, layout=False)  # one line of fixed size: no layout pass

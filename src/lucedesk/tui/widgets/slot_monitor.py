@@ -1,5 +1,5 @@
 """The slot monitor: one row per busy slot and one for all idle slots, the KV pool,
-throughput, queue and preemptions. Refreshed on a timer (4 Hz) from the engine's stats
+throughput, queue and preemptions. Refreshed on a timer (2 Hz) from the engine's stats
 snapshot, never per token."""
 
 from __future__ import annotations
@@ -9,12 +9,13 @@ from collections.abc import Callable
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
+from textual.coordinate import Coordinate
 from textual.widgets import DataTable, Label, ProgressBar, Sparkline
 
 from lucedesk.engine import EngineStats, SlotStats
 from lucedesk.tui.remote import remote_slots
 
-REFRESH_S = 0.25
+REFRESH_S = 0.5  # each redraw takes the engine's cores from it: twice a second is enough
 REMOTE_REFRESH_S = 1.0
 
 
@@ -71,6 +72,8 @@ class SlotMonitor(Vertical):
     SlotMonitor #rate { height: 3; }
     SlotMonitor Sparkline { width: 1fr; }
     SlotMonitor Label { padding: 0 1; }
+    SlotMonitor #kv-text { width: 1fr; }
+    SlotMonitor #summary { width: 72; }
     """
 
     def __init__(
@@ -112,16 +115,25 @@ class SlotMonitor(Vertical):
             return
         rows = slot_rows(stats.slots)
         if rows != self._rows:  # an idle engine costs the UI nothing
-            self._rows = rows
             table = self.query_one(DataTable)
-            table.clear()
-            table.add_rows(rows)
+            same_slots = len(rows) == len(self._rows) and all(
+                new[0] == old[0] for new, old in zip(rows, self._rows)
+            )
+            if same_slots:  # the usual tick: a few cells changed (tok/s, context, phase)
+                for r, (new, old) in enumerate(zip(rows, self._rows)):
+                    for c, (value, was) in enumerate(zip(new, old)):
+                        if value != was:
+                            table.update_cell_at(Coordinate(r, c), value)
+            else:  # a slot started or ended: the rows themselves change
+                table.clear()
+                table.add_rows(rows)
+            self._rows = rows
         self.query_one("#kv", ProgressBar).update(
             total=max(stats.blocks_total, 1), progress=stats.blocks_used
         )
-        self.query_one("#kv-text", Label).update(
-            f"{stats.blocks_used}/{stats.blocks_total} blocks of {stats.block_size} tokens"
-        )
+        # Fixed-size labels: updated without a layout pass of the whole screen.
+        kv = f"{stats.blocks_used}/{stats.blocks_total} blocks of {stats.block_size} tokens"
+        self.query_one("#kv-text", Label).update(kv, layout=False)
         self._rates.append(stats.tokens_per_s)
         if any(self._rates) or self.query_one(Sparkline).data != list(self._rates):
             self.query_one(Sparkline).data = list(self._rates)
@@ -130,7 +142,8 @@ class SlotMonitor(Vertical):
             if stats.prefix_cache_queries
             else ""
         )
-        self.query_one("#summary", Label).update(
+        summary = (
             f"{stats.tokens_per_s:.1f} tok/s · running {stats.num_running} · "
             f"queued {stats.num_waiting} · preemptions {stats.num_preemptions}{hits}"
         )
+        self.query_one("#summary", Label).update(summary, layout=False)
