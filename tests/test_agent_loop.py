@@ -607,3 +607,11 @@ async def test_a_parent_cancelled_as_its_children_appear_leaves_none_idle(make):
     h.runtime.observer = observe
     assert (await parent.send("split the work")).status == "cancelled"
     assert [h.store.session(c.id).status for c in h.children] == ["cancelled"] * 3
+
+
+async def test_a_session_whose_workspace_is_gone_ends_in_error_not_a_crash(make, tmp_path):
+    h = make(lambda req: Reply("never"))
+    record = h.store.create_session("gone", agent_type="general", workspace=str(tmp_path / "no"))
+    result = await AgentSession(h.runtime, record).send("hello")
+    assert result.status == "error" and "not a folder" in result.error
+    assert h.store.session(record.id).status == "error"

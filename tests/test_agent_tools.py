@@ -202,7 +202,7 @@ async def test_list_dir_shows_folders_first_then_files_with_sizes(ws):
     text = await list_dir.TOOL.handler(context(ws), {})
     lines = text.splitlines()
     assert lines[0] == ".: 6 entries"
-    assert lines[1:4] == ["docs/", "inner/", "out/"]
+    assert lines[1:4] == ["docs/", "inner/", "out (a link out of the workspace)"]
     assert "broken (broken link)" in lines
     assert "notes.txt  (12 bytes)" in lines
     (ws / "empty").mkdir()
@@ -465,3 +465,58 @@ async def test_cancelling_the_call_kills_the_process_group(ws):
     with pytest.raises(asyncio.CancelledError):
         await task
     assert gone_soon(shell) and gone_soon(background)
+
+
+async def test_writes_inside_git_are_refused_even_when_edits_are_allowed(ws):
+    ctx = context(ws, Approvals(allow_edits=True))
+    with pytest.raises(ToolError, match=r"^path: \.git/hooks/pre-commit is inside \.git"):
+        await write_file.TOOL.handler(ctx, {"path": ".git/hooks/pre-commit", "content": "x"})
+    assert not (ws / ".git" / "hooks" / "pre-commit").exists()
+
+
+async def test_an_edit_that_waited_while_another_landed_does_not_undo_it(ws):
+    (ws / "f.txt").write_text("one\ntwo\n")
+
+    async def meanwhile(request: ApprovalRequest) -> bool:
+        (ws / "f.txt").write_text("one\nTWO (an edit approved first)\n")
+        return True
+
+    ctx = context(ws, Approvals(ask=meanwhile))
+    with pytest.raises(ToolError, match="changed while this change waited for approval"):
+        await edit_file.TOOL.handler(
+            ctx, {"path": "f.txt", "old_string": "one", "new_string": "ONE"}
+        )
+    assert (ws / "f.txt").read_text() == "one\nTWO (an edit approved first)\n"
+
+
+async def test_a_fifo_is_not_read(ws):
+    os.mkfifo(ws / "pipe")
+    with pytest.raises(ToolError, match="not a regular file"):
+        await read_file.TOOL.handler(context(ws), {"path": "pipe"})
+
+
+async def test_list_dir_tells_nothing_of_a_link_out(ws, tmp_path):
+    (tmp_path / "secret.bin").write_bytes(b"x" * 1234)
+    (ws / "leak").symlink_to(tmp_path / "secret.bin")
+    listing = await list_dir.TOOL.handler(context(ws), {"path": "."})
+    assert "leak (a link out of the workspace)" in listing and "1234" not in listing
+
+
+def test_streamed_calls_without_an_index_stay_apart():
+    from lucedesk.agent.backend import call_of
+
+    calls: dict = {}
+    pieces = [
+        {"id": "a", "function": {"name": "read_file", "arguments": '{"path":'}},
+        {"function": {"arguments": ' "x"}'}},
+        {"id": "b", "function": {"name": "glob", "arguments": '{"pattern": "*"}'}},
+    ]
+    for piece in pieces:
+        call = call_of(calls, piece)
+        call["id"] = piece.get("id") or call["id"]
+        call["name"] += piece["function"].get("name") or ""
+        call["arguments"] += piece["function"]["arguments"]
+    assert [(c["id"], c["name"], c["arguments"]) for c in calls.values()] == [
+        ("a", "read_file", '{"path": "x"}'),
+        ("b", "glob", '{"pattern": "*"}'),
+    ]

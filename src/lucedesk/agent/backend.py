@@ -137,9 +137,14 @@ class OpenAIBackend:
                     if r.status_code != 200:
                         return failed(f"{self.url} answered {r.status_code}: {await error_text(r)}")
                     async for line in r.aiter_lines():
-                        if not line.startswith("data: ") or line == "data: [DONE]":
+                        data = line.removeprefix("data:").strip()
+                        if not line.startswith("data:") or data == "[DONE]":
                             continue
-                        event = json.loads(line[6:])
+                        event = json.loads(data)
+                        if not isinstance(event, dict):
+                            return failed(f"{self.url}: a stream event that is not an object")
+                        if event.get("error"):
+                            return failed(f"{self.url}: {error_message(event['error'])}")
                         usage = event.get("usage") or usage
                         for choice in event.get("choices") or []:
                             delta = choice.get("delta") or {}
@@ -147,19 +152,17 @@ class OpenAIBackend:
                                 text.append(delta["content"])
                                 on_text(delta["content"])
                             for piece in delta.get("tool_calls") or []:
-                                call = calls.setdefault(
-                                    piece.get("index", 0), {"id": "", "name": "", "arguments": ""}
-                                )
+                                call = call_of(calls, piece)
                                 function = piece.get("function") or {}
                                 call["id"] = piece.get("id") or call["id"]
                                 call["name"] += function.get("name") or ""
                                 call["arguments"] += function.get("arguments") or ""
                             finish = choice.get("finish_reason") or finish
-        except (httpx.HTTPError, ValueError) as exc:
+        except (httpx.HTTPError, httpx.InvalidURL, ValueError, TypeError, AttributeError) as exc:
             return failed(f"{self.url}: {exc or type(exc).__name__}")
         tool_calls = [
             ToolCall(c["id"] or ToolCall.new_id(), c["name"], c["arguments"] or "{}")
-            for _, c in sorted(calls.items())
+            for c in calls.values()
         ]
         if finish not in ("stop", "length", "tool_calls"):
             finish = "stop"
@@ -172,6 +175,26 @@ class OpenAIBackend:
             None,
             [],
         )
+
+
+def call_of(calls: dict, piece: dict) -> dict:
+    """The call a streamed tool-call piece belongs to, by its `index`; servers that send no
+    index start a new call with each new id and continue the last one without."""
+    index = piece.get("index")
+    if not isinstance(index, int):
+        new_id = piece.get("id")
+        known = [k for k, c in calls.items() if new_id and c["id"] == new_id]
+        if known:
+            index = known[0]
+        elif new_id or not calls:
+            index = len(calls) + 1_000_000  # after any indexed call
+        else:
+            index = list(calls)[-1]
+    return calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
+
+
+def error_message(error) -> str:
+    return error.get("message", str(error)) if isinstance(error, dict) else str(error)
 
 
 async def error_text(r: httpx.Response) -> str:

@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import json
 import sys
+import threading
 from pathlib import Path
 
 from lucedesk.agent.approvals import ApprovalRequest, Approvals
@@ -40,17 +41,30 @@ def parse_tool_choices(text: str) -> list[ToolChoice]:
     return choices
 
 
-def terminal_ask(request: ApprovalRequest) -> asyncio.Future[bool]:
-    """Asks on the terminal (stdin a tty); the answer is read on a thread."""
+class TerminalAsk:
+    """Asks on the terminal (stdin a tty), one question at a time: parallel children wait
+    their turn, so an answer always belongs to the request shown. The line is read on a
+    daemon thread, so Ctrl-C at the question does not leave the process waiting for it."""
 
-    def ask() -> bool:
-        print(f"\n{request.session_title}: {request.summary}\n{request.detail}", file=sys.stderr)
-        sys.stderr.write("allow? [y/N] ")  # stdout holds the answer, maybe redirected
-        sys.stderr.flush()
-        answer = sys.stdin.readline()
-        return answer.strip().lower() in ("y", "yes")
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()
 
-    return asyncio.ensure_future(asyncio.to_thread(ask))
+    async def __call__(self, request: ApprovalRequest) -> bool:
+        async with self._lock:
+            print(
+                f"\n{request.session_title}: {request.summary}\n{request.detail}", file=sys.stderr
+            )
+            sys.stderr.write("allow? [y/N] ")  # stdout holds the answer, maybe redirected
+            sys.stderr.flush()
+            loop = asyncio.get_running_loop()
+            answered: asyncio.Future[str] = loop.create_future()
+
+            def read() -> None:
+                line = sys.stdin.readline()
+                loop.call_soon_threadsafe(lambda: answered.done() or answered.set_result(line))
+
+            threading.Thread(target=read, daemon=True).start()
+            return (await answered).strip().lower() in ("y", "yes")
 
 
 class Progress:
@@ -109,7 +123,7 @@ def check_args(args: argparse.Namespace) -> tuple[Workspace, list[ToolChoice]]:
 
 def run_headless(args: argparse.Namespace, store: Store, backend: Backend) -> int:
     workspace, choices = check_args(args)
-    ask = terminal_ask if sys.stdin.isatty() and not args.json else None
+    ask = TerminalAsk() if sys.stdin.isatty() and not args.json else None
     approvals = Approvals(args.allow_edits, args.allow_commands, ask)
     return asyncio.run(_run(args, store, backend, workspace, choices, approvals))
 

@@ -173,10 +173,22 @@ class AgentSession:
             self._set_phase("starting", "running")
             return await self._loop()
         except asyncio.CancelledError:
-            if not self._cancelled:
-                raise  # not ours to swallow: whoever cancelled the task is ending it
-            self._set_phase("cancelled", "cancelled")
-            return AgentResult("cancelled", "", "cancelled")
+            return self._cancelled_result()
+        except Exception as exc:  # a bug or a broken setup (a workspace gone): said, not raised
+            return self._failed(exc)
+
+    def _cancelled_result(self) -> AgentResult:
+        """Inside `except CancelledError`: our own cancel ends the run with a result; anyone
+        else's (the app exiting) goes on up, the session stored as cancelled either way."""
+        self._set_phase("cancelled", "cancelled")
+        if not self._cancelled:
+            raise asyncio.CancelledError
+        return AgentResult("cancelled", "", "cancelled")
+
+    def _failed(self, exc: Exception) -> AgentResult:
+        log.exception("agent session %s failed", self.id)
+        self._set_phase("error", "error")
+        return AgentResult("error", "", f"{type(exc).__name__}: {exc}")
 
     async def _loop(self) -> AgentResult:
         limits = self.runtime.limits
@@ -263,13 +275,15 @@ class AgentSession:
         meta: dict = {}
         try:
             result = await self.runtime.backend.turn(req, self.owner, on_text)
-        except asyncio.CancelledError:
-            meta = {"stopped": True}
+        except BaseException as exc:  # cancelled, or broken: keep what was written
+            meta = (
+                {"stopped": True}
+                if isinstance(exc, asyncio.CancelledError)
+                else {"error": str(exc)}
+            )
+            self.store.update_reply(reply, reply["content"], "done", meta)
+            self.runtime.emit(MessageDone(self, reply))
             raise
-        finally:
-            if meta:  # cancelled: keep what was written
-                self.store.update_reply(reply, reply["content"], "done", meta)
-                self.runtime.emit(MessageDone(self, reply))
         if result.calls:
             meta["tool_calls"] = [
                 {"id": c.id, "name": c.name, "arguments": c.arguments} for c in result.calls
@@ -397,6 +411,7 @@ class AgentSession:
         leaves this session running); its final message is the result."""
         child = self.new_child(description, agent_type)
         if self._cancelled:
+            self.store.set_status(child.record, "cancelled")
             raise asyncio.CancelledError
         running = asyncio.create_task(child.send(prompt))
         try:
@@ -461,6 +476,7 @@ class AgentSession:
                 return AgentResult("error", "", split.error)
             try:
                 subtasks = json.loads(split.text)["subtasks"]
+                subtasks = [{"title": str(t["title"]), "task": str(t["task"])} for t in subtasks]
             except (ValueError, KeyError, TypeError):
                 self._set_phase("error", "error")
                 error = "the model's split was cut short; raise /max and try again"
@@ -491,7 +507,6 @@ class AgentSession:
             self._set_phase("done", "done")
             return AgentResult("done", result.text)
         except asyncio.CancelledError:
-            if not self._cancelled:
-                raise
-            self._set_phase("cancelled", "cancelled")
-            return AgentResult("cancelled", "", "cancelled")
+            return self._cancelled_result()
+        except Exception as exc:
+            return self._failed(exc)

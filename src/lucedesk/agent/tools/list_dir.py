@@ -19,7 +19,9 @@ def list_entries(ctx: ToolContext, path: str) -> str:
     entries = sorted(real.iterdir(), key=lambda p: (not p.is_dir(), p.name))
     lines = []
     for entry in entries[:MAX_ENTRIES]:
-        if entry.is_dir():
+        if entry.is_symlink() and not entry.resolve().is_relative_to(ctx.workspace.root):
+            lines.append(f"{entry.name} (a link out of the workspace)")  # nothing of its target
+        elif entry.is_dir():
             lines.append(f"{entry.name}/")
         elif entry.is_symlink() and not entry.exists():
             lines.append(f"{entry.name} (broken link)")

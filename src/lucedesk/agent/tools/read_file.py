@@ -17,6 +17,8 @@ def read_lines(ctx: ToolContext, path: str, offset: int, limit: int) -> str:
         raise ctx.workspace.missing(path)
     if real.is_dir():
         raise ToolError(f"path: {path} is a folder; use list_dir")
+    if not real.is_file():  # a FIFO or a device would block or never end
+        raise ToolError(f"path: {path} is not a regular file")
     lines: list[str] = []
     total = 0
     with real.open("rb") as f:

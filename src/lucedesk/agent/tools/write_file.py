@@ -39,20 +39,28 @@ async def apply_change(ctx: ToolContext, tool: str, real: Path, before: str, aft
     diff = unified_diff(shown, before, after)
     if not diff:
         return f"{shown}: unchanged (the new content is the same)"
+    if ".git" in Path(shown).parts:  # hooks and config there run commands
+        raise ToolError(f"path: {shown} is inside .git; lucedesk does not write there")
     verb = "edit" if real.exists() else "create"
     request = ApprovalRequest("edit", ctx.session.title, tool, f"{verb} {shown}", diff)
     if not await ctx.approvals.approve(request):
         raise ToolError(f"the user declined to {verb} {shown}")
-    await asyncio.to_thread(write_text, real, after)
+    if not await asyncio.to_thread(write_if_unchanged, real, before, after):
+        # another edit landed while this one waited for its approval: writing now would undo it
+        raise ToolError(f"{shown} changed while this change waited for approval; read it again")
     added = sum(1 for line in diff.splitlines() if line.startswith("+") and line[:3] != "+++")
     removed = sum(1 for line in diff.splitlines() if line.startswith("-") and line[:3] != "---")
     done = "edited" if verb == "edit" else "created"
     return f"{shown}: {done} (+{added} -{removed} lines)"
 
 
-def write_text(real: Path, text: str) -> None:
+def write_if_unchanged(real: Path, before: str, after: str) -> bool:
+    """Writes `after` unless the file no longer holds `before`; False when it changed."""
+    if current_text(real) != before:
+        return False
     real.parent.mkdir(parents=True, exist_ok=True)
-    real.write_text(text, encoding="utf-8")
+    real.write_text(after, encoding="utf-8")
+    return True
 
 
 async def write_file(ctx: ToolContext, args: dict) -> str:

@@ -183,7 +183,7 @@ class MainScreen(Screen):
         if pane is None or len(self.panes) == 1:
             self.app.notify("The last pane stays.", severity="warning")
             return
-        pane.stop()
+        pane.stop(take_back=False)
         await pane.remove()
         self.active = self.panes[-1]
         self.active.focus_input()

@@ -46,6 +46,7 @@ class ChatPane(Vertical, can_focus=False):
         self.session = session
         self.views: dict[int, MessageView | ToolCallView] = {}  # by stored message id
         self._starting = False  # a run is on its way to the agent (busy before it starts)
+        self._take_back = True  # a run stopped before a word puts its question back
 
     def compose(self) -> ComposeResult:
         yield Label(self.header_text(), id="header")
@@ -126,7 +127,7 @@ class ChatPane(Vertical, can_focus=False):
 
     async def send(self, text: str) -> None:
         self._starting = True
-        self.run_worker(self.run_agent(self.agent.send(text)), group="agent")
+        self.run_worker(self.run_agent(self.agent.send(text)), group="agent", exit_on_error=False)
 
     async def run_command(self, line: str) -> bool:
         """A slash command; False (and a notice) when it is not understood."""
@@ -198,10 +199,12 @@ class ChatPane(Vertical, can_focus=False):
     def start_reply(self) -> None:
         """The agent works from the conversation as it stands."""
         self._starting = True
-        self.run_worker(self.run_agent(self.agent.run()), group="agent")
+        self.run_worker(self.run_agent(self.agent.run()), group="agent", exit_on_error=False)
 
-    async def run_agent(self, work) -> None:
+    async def run_agent(self, work, take_back: bool = True) -> None:
         agent = self.agent
+        session = agent.record  # the pane may show another session by the time it ends
+        self._take_back = take_back
         try:
             task = asyncio.ensure_future(work)
             await asyncio.sleep(0)  # the run has begun: the agent itself says it is running
@@ -209,10 +212,13 @@ class ChatPane(Vertical, can_focus=False):
             self._starting = False
         result = await task
         if result.status == "error":
-            self.app.notify(f"{self.session.title}: {result.error}", severity="error", timeout=6)
-        messages = self.session.messages
+            self.app.notify(f"{session.title}: {result.error}", severity="error", timeout=6)
+        messages = session.messages
         if (
             result.status == "cancelled"
+            and self._take_back  # Esc, not a pane closing
+            and self.is_attached
+            and self.session is session
             and agent.parent is None
             and len(messages) >= 2
             and messages[-1]["role"] == "assistant"
@@ -222,10 +228,10 @@ class ChatPane(Vertical, can_focus=False):
         ):
             # Stopped before a word: take the question back into the input, as if unsent.
             store = self.app.store
-            store.drop_last_message(self.session)
-            last = self.session.messages[-1]["content"]
-            store.drop_last_message(self.session)
-            await self.show_session(self.session)
+            store.drop_last_message(session)
+            last = session.messages[-1]["content"]
+            store.drop_last_message(session)
+            await self.show_session(session)
             self.query_one(ChatInput).text = last
         self.post_message(SessionsChanged())
 
@@ -237,13 +243,18 @@ class ChatPane(Vertical, can_focus=False):
         if isinstance(event, PhaseChanged):
             self.refresh_header()
         elif isinstance(event, MessageAdded):
+            if event.message["id"] in self.views:
+                return  # shown already: the pane opened after the message was added
             view = self.view_for(event.message)
             if view is not None:
                 await self.query_one("#log").mount(view)
         elif isinstance(event, TextStreamed):
             view = self.views.get(event.message["id"])
             if isinstance(view, MessageView):
-                await view.append(event.text)
+                # Only what the view lacks: one opened mid-reply showed the text so far.
+                missing = event.message["content"][len(view.content) :]
+                if missing:
+                    await view.append(missing)
         elif isinstance(event, MessageDone):
             view = self.views.get(event.message["id"])
             if isinstance(view, ToolCallView):
@@ -257,12 +268,14 @@ class ChatPane(Vertical, can_focus=False):
                 if not view.content and meta.get("tool_calls"):
                     await view.remove()  # the calls follow, each in its own block
 
-    def stop(self) -> bool:
+    def stop(self, take_back: bool = True) -> bool:
         """Esc: cancel this pane's agent (a child shown here: that child alone, with its own
-        children). True if something was running."""
+        children); a reply stopped before its first word gives its question back to the
+        input unless `take_back` is False (the pane is closing). True if something ran."""
         agent = self.app.agents.live.get(self.session.id)
         if agent is None or not agent.running:
             return False
+        self._take_back = self._take_back and take_back
         agent.cancel()
         return True
 
@@ -303,4 +316,8 @@ class ChatPane(Vertical, can_focus=False):
         if self.busy:
             raise ValueError("this pane is still answering; Esc stops it")
         self._starting = True
-        self.run_worker(self.run_agent(self.agent.fanout(count, task)), group="agent")
+        self.run_worker(
+            self.run_agent(self.agent.fanout(count, task), take_back=False),
+            group="agent",
+            exit_on_error=False,
+        )
