@@ -58,7 +58,13 @@ class AgentRunner:
         """The live agent of a stored session (made on first use)."""
         agent = self.live.get(record.id)
         if agent is None or (agent.record is not record and not agent.running):
-            agent = AgentSession(self.runtime(record.backend_url), record)
+            # A subagent continued after a restart keeps its depth: the limit still holds.
+            depth, parent_id = 0, record.parent_id
+            while parent_id is not None and depth < 64:
+                parent = self.app.store.session(parent_id)
+                parent_id = parent.parent_id if parent is not None else None
+                depth += 1
+            agent = AgentSession(self.runtime(record.backend_url), record, depth)
             self.live[record.id] = agent
         return agent
 

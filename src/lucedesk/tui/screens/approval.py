@@ -37,7 +37,9 @@ class ApprovalDialog(ModalScreen[str]):
 
     def compose(self) -> ComposeResult:
         r = self.request
+        # "all" holds for every session until lucedesk quits (--allow-* makes it the default)
         always = "Allow all edits" if r.kind == "edit" else "Allow all commands"
+        always += " until quit"
         lexer = "diff" if r.kind == "edit" else "bash"
         with Vertical():
             yield Label(Text.assemble((r.session_title, "bold"), " wants to ", r.summary))
