@@ -18,6 +18,7 @@ from lucedesk.tui.engine_host import EngineHost
 from lucedesk.tui.screens.main import MainScreen
 from lucedesk.tui.widgets.chat_input import ChatInput
 from lucedesk.tui.widgets.chat_pane import ChatPane
+from lucedesk.tui.widgets.message_view import MessageView
 from lucedesk.tui.widgets.session_list import SessionList
 from lucedesk.tui.widgets.slot_monitor import SlotMonitor
 
@@ -190,6 +191,8 @@ async def test_fanout_splits_runs_children_at_once_then_synthesizes(env, monkeyp
         assert decoded_together(*(app.agents.live[c.id].owner for c in children))
         split, *results, synthesis = pane.session.messages[1:]
         assert [c["name"] for c in split["meta"]["tool_calls"]] == ["task"] * 3
+        shown = [v.content for v in pane.query(MessageView) if v.role == "assistant"]
+        assert "Splitting into 3 subagents." in shown  # the split's JSON, replaced
         assert [r["role"] for r in results] == ["tool"] * 3
         assert all(not r["meta"]["error"] for r in results)
         assert synthesis["role"] == "assistant" and synthesis["status"] == "done"

@@ -265,6 +265,8 @@ class ChatPane(Vertical, can_focus=False):
                 note = "max tokens" if meta.get("cut") else note
                 note = f"error: {meta['error']}" if meta.get("error") else note
                 await view.finish(note)
+                if event.message["content"] and view.content != event.message["content"]:
+                    await view.replace(event.message["content"])
                 if not view.content and meta.get("tool_calls"):
                     await view.remove()  # the calls follow, each in its own block
 

@@ -56,6 +56,11 @@ class MessageView(Vertical):
         await self._stream.write(text)
         self._rendered_at = time.monotonic()
 
+    async def replace(self, text: str) -> None:
+        """Show `text` instead (a reply rewritten when it ended: a /fanout split)."""
+        self.content, self._pending = text, ""
+        await self.markdown.update(text)
+
     async def finish(self, note: str | None = None) -> None:
         await self._render_pending()
         if self._stream is not None:
