@@ -212,16 +212,18 @@ def next_token_predictions(loaded, token_ids: list[int]) -> torch.Tensor:
         return model.compute_logits(hidden).argmax(-1)
 
 
-def test_int8_weights_keep_the_models_predictions(default_model, ours):
-    """Weight-only int8 (on the bf16 model) predicts the next token of real text as the fp32
-    model does nearly everywhere, about as often as plain bf16 does."""
+@pytest.mark.parametrize("weights", ["int8", "q4"])
+def test_low_bit_weights_keep_the_models_predictions(default_model, ours, weights):
+    """Weight-only int8, and the file's own 4-bit blocks (on the bf16 model), predict the
+    next token of real text as the fp32 model does nearly everywhere, about as often as
+    plain bf16 does."""
     from lucedesk.engine.build import apply_weight_format
 
     token_ids = ours.tokenizer.encode(PARAGRAPH)
     want = next_token_predictions(ours, token_ids)
     bf16 = load_model(default_model, torch.bfloat16)
     plain = (next_token_predictions(bf16, token_ids) == want).float().mean().item()
-    assert apply_weight_format(bf16.model, "int8", "cpu") == "int8"
-    int8 = (next_token_predictions(bf16, token_ids) == want).float().mean().item()
+    assert apply_weight_format(bf16.model, weights, "cpu") == weights
+    low = (next_token_predictions(bf16, token_ids) == want).float().mean().item()
     assert len(token_ids) > 80
-    assert plain >= 0.95 and int8 >= 0.95 and int8 >= plain - 0.03, (plain, int8)
+    assert plain >= 0.95 and low >= 0.95 and low >= plain - 0.03, (plain, low)

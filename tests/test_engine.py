@@ -189,15 +189,15 @@ def test_queue_limit(loaded):
 
 
 def test_weight_formats_follow_the_model_and_kernels(tiny_llama):
-    """`auto` takes int8 weights only where the C++ kernels run a bf16 model on AMX; asking
-    for int8 elsewhere, or for another format once quantized, is a clear configuration
-    error."""
+    """`auto` takes int8 weights only where the C++ kernels run a bf16 model fast (AMX tiles
+    or AVX512-VNNI); asking for int8 elsewhere, or for another format once quantized, is a
+    clear configuration error."""
     from lucedesk.config import EngineConfig
     from lucedesk.engine.build import apply_weight_format
     from lucedesk.errors import ConfigError
-    from lucedesk.kernels.cpu import int8_tiles_available
+    from lucedesk.kernels.cpu import int8_tiles_available, lowbit_vector_available
 
-    with pytest.raises(ConfigError, match="weights must be one of auto, dtype, int8"):
+    with pytest.raises(ConfigError, match="weights must be one of auto, dtype, int8, q4"):
         EngineConfig(weights="int4").validate()
     fp32 = load_model(tiny_llama, torch.float32)
     assert apply_weight_format(fp32.model, "auto", "cpu") == "dtype"
@@ -208,7 +208,7 @@ def test_weight_formats_follow_the_model_and_kernels(tiny_llama):
         apply_weight_format(bf16.model, "int8", "torch")
     other = load_model(tiny_llama, torch.bfloat16)
     assert apply_weight_format(other.model, "auto", "cpu") == (
-        "int8" if int8_tiles_available() else "dtype"
+        "int8" if int8_tiles_available() or lowbit_vector_available() else "dtype"
     )
     engine = make_engine(bf16, weights="int8", max_slots=2, kv_pool_tokens=1024).start()
     try:

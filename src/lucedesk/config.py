@@ -9,7 +9,7 @@ from lucedesk.errors import ConfigError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 KERNELS = ("auto", "torch", "cpu", "triton")
-WEIGHTS = ("auto", "dtype", "int8")
+WEIGHTS = ("auto", "dtype", "int8", "q4")
 
 
 @dataclass(slots=True, frozen=True)
@@ -28,7 +28,8 @@ class EngineConfig:
     dtype: str = "auto"  # auto = bfloat16 where the device computes it fast, else float32
     kernels: str = "auto"  # auto = triton on a GPU, the C++ cpu kernels (or torch) on a CPU
     # dtype = matmul weights in the model dtype; int8 = weight-only int8 (cpu kernels, bf16);
-    # auto = int8 where the cpu kernels run a bf16 model, else dtype.
+    # q4 = a GGUF file's 4-bit blocks as they are (cpu kernels, bf16); auto = q4 for a 4-bit
+    # file, else int8, where the cpu kernels run them fast on a bf16 model, else dtype.
     weights: str = "dtype"
     device: str = "auto"  # auto = cuda when available (ROCm too), else cpu
     num_threads: int = 0  # CPU threads for torch; 0 = torch's default

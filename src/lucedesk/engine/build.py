@@ -6,6 +6,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import torch
 
 from lucedesk.config import EngineConfig
 from lucedesk.engine.engine import Engine, ModelInfo
-from lucedesk.engine.models.llama import LlamaModel, ModelConfig
+from lucedesk.engine.models.llama import LlamaModel, ModelConfig, Projection
 from lucedesk.engine.models.loader import LoadedModel, load_model
 from lucedesk.engine.runner import TorchSeqEngine
 from lucedesk.engine.scheduler import Scheduler
@@ -186,34 +187,101 @@ def assemble(loaded: LoadedModel, config: EngineConfig, device: torch.device) ->
 def apply_weight_format(model: LlamaModel, wanted: str, kernels: str) -> str:
     """Puts the matmul weights in the configured format; returns the format in use.
 
-    int8 (weight-only, an affine scale per 32 inputs) runs in the C++ CPU kernels on bf16
-    activations: fewer bytes than bf16 for decode steps, which stream every weight."""
-    from lucedesk.kernels.cpu import Int8Weight, int8_tiles_available
+    Decode streams every weight each step, so fewer bytes a weight is speed. Both formats
+    run in the C++ CPU kernels on bf16 activations:
+    - q4: a GGUF file's 4-bit blocks (Q4_0, Q4_1, Q4_K) as they are, 0.75 bytes a weight;
+      a weight in another type (the LM head often is) is held at 8 bits, with a notice
+      naming the type;
+    - int8: an affine scale per 32 inputs, 1.25 bytes a weight.
+    `auto` takes q4 for a 4-bit file where the VNNI kernels run, else int8 where AMX tiles
+    or VNNI run it fast, else the model dtype."""
+    from lucedesk.kernels.cpu import LowBitWeight, int8_tiles_available, lowbit_vector_available
 
     usable = kernels == "cpu" and model.dtype == torch.bfloat16
     weights = model.projection_weights()
-    if wanted == "auto":  # only where AMX tiles make int8 fast; elsewhere it runs, slowly
-        fast = usable and int8_tiles_available()
-        fast = fast and all(Int8Weight.fits(tuple(w.shape)) for w in weights)
-        wanted = "int8" if fast else "dtype"
+    if wanted == "auto":
+        whole = all(LowBitWeight.fits(tuple(w.shape)) for w in weights)
+        if usable and whole and lowbit_vector_available() and _four_bit_file(model):
+            wanted = "q4"
+        elif usable and whole and (int8_tiles_available() or lowbit_vector_available()):
+            wanted = "int8"
+        else:
+            wanted = "dtype"
     if wanted == model.weight_format:
         return wanted
-    if wanted == "int8":
-        if not usable:
-            raise ConfigError(
-                "weights 'int8' need the cpu kernels and a bfloat16 model "
-                f"(kernels {kernels}, dtype {str(model.dtype).removeprefix('torch.')})"
-            )
-        odd = [tuple(w.shape) for w in weights if w.shape[1] % Int8Weight.GROUP]
-        if odd:
-            raise ConfigError(
-                f"weights 'int8' need matmul inputs in multiples of {Int8Weight.GROUP} "
-                f"(this model has {odd[0]})"
-            )
-        started = time.perf_counter()
-        model.quantize("int8", Int8Weight)
-        log.info("weights quantized to int8 in %.1f s", time.perf_counter() - started)
-        return wanted
-    raise ConfigError(
-        f"the loaded model's weights are {model.weight_format}; load it again for {wanted!r}"
+    if wanted not in ("int8", "q4"):
+        raise ConfigError(
+            f"the loaded model's weights are {model.weight_format}; load it again for {wanted!r}"
+        )
+    if not usable:
+        raise ConfigError(
+            f"weights {wanted!r} need the cpu kernels and a bfloat16 model "
+            f"(kernels {kernels}, dtype {str(model.dtype).removeprefix('torch.')})"
+        )
+    odd = [tuple(w.shape) for w in weights if w.shape[1] % LowBitWeight.GROUP]
+    if odd:
+        raise ConfigError(
+            f"weights {wanted!r} need matmul inputs in multiples of {LowBitWeight.GROUP} "
+            f"(this model has {odd[0]})"
+        )
+    if wanted == "q4" and not _four_bit_file(model):
+        raise ConfigError(
+            "weights 'q4' need a GGUF file whose projections are in a 4-bit type "
+            f"(Q4_0, Q4_1, Q4_K); this model's are {_first_type(model) or 'not from a GGUF file'}"
+        )
+    started = time.perf_counter()
+    model.quantize(wanted, _q4_maker(model) if wanted == "q4" else _int8_maker())
+    log.info("weights held as %s in %.1f s", wanted, time.perf_counter() - started)
+    return wanted
+
+
+def _first_type(model: LlamaModel) -> str | None:
+    source = model.four_bit_source
+    return None if source is None else source(0, "gate_up_proj").type_name
+
+
+def _four_bit_file(model: LlamaModel) -> bool:
+    """Whether the file holds the first layer's projections in a 4-bit type."""
+    source = model.four_bit_source
+    return source is not None and source(0, "gate_up_proj").groups is not None
+
+
+def _int8_maker() -> Callable[[int | None, str, torch.Tensor], Projection]:
+    """int8: AMX tiles where the CPU has them, else the VNNI kernels at 8 bits, else loops."""
+    from lucedesk.kernels.cpu import (
+        Int8Weight,
+        LowBitWeight,
+        int8_tiles_available,
+        lowbit_vector_available,
     )
+
+    def make(layer: int | None, proj: str, w: torch.Tensor) -> Projection:
+        if not int8_tiles_available() and lowbit_vector_available() and LowBitWeight.fits(w.shape):
+            return LowBitWeight.from_float(w)
+        return Int8Weight(w)
+
+    return make
+
+
+def _q4_maker(model: LlamaModel) -> Callable[[int | None, str, torch.Tensor], Projection]:
+    """q4: each weight from the file's 4-bit blocks; any other at 8 bits, reported once
+    (the LM head comes last) by type."""
+    from lucedesk.kernels.cpu import Int8Weight, LowBitWeight
+
+    source = model.four_bit_source
+    assert source is not None
+    wider: dict[str, int] = {}
+
+    def make(layer: int | None, proj: str, w: torch.Tensor) -> Projection:
+        blocks = source(layer, proj)
+        if blocks.groups is not None and LowBitWeight.fits(w.shape):
+            made: Projection = LowBitWeight(*blocks.groups, bits=4)
+        else:
+            wider[blocks.type_name] = wider.get(blocks.type_name, 0) + 1
+            made = LowBitWeight.from_float(w) if LowBitWeight.fits(w.shape) else Int8Weight(w)
+        if layer is None and wider:
+            kinds = ", ".join(f"{n} in {t}" for t, n in sorted(wider.items()))
+            log.info("weights q4: matmul weights not in a 4-bit type held at 8 bits (%s)", kinds)
+        return made
+
+    return make

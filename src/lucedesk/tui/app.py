@@ -85,7 +85,9 @@ class LucedeskApp(App):
     def update_subtitle(self) -> None:
         host = self.host
         built = host.built
-        kernels = f"{built.kernels} kernels" + (", int8 weights" if built.weights == "int8" else "")
+        kernels = f"{built.kernels} kernels" + (
+            f", {built.weights} weights" if built.weights != "dtype" else ""
+        )
         parts = [built.loaded.name, f"profile {host.profile.name}", kernels]
         parts.append(f"{host.url}/v1" if host.url else "HTTP off")
         self.sub_title = " · ".join(parts)

@@ -20,6 +20,15 @@ log = logging.getLogger(__name__)
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+FOUR_BIT_TYPES = ("Q4_0", "Q4_1", "Q4_K")  # kept as 4-bit levels by `weights = "q4"`
+
+# The GGUF tensors behind each fused projection (see llama.py), in their order there.
+PROJECTION_PARTS = {
+    "qkv_proj": ("attn_q", "attn_k", "attn_v"),
+    "o_proj": ("attn_output",),
+    "gate_up_proj": ("ffn_gate", "ffn_up"),
+    "down_proj": ("ffn_down",),
+}
 
 # GGUF tensor name -> Hugging Face name ("{i}" is the layer index).
 _LAYER_NAMES = {
@@ -75,6 +84,12 @@ class TensorInfo:
     type_id: int
     offset: int  # absolute offset of the data in the file
     nbytes: int
+
+
+@dataclass(slots=True, frozen=True)
+class FourBitBlocks:
+    type_name: str  # the (first) part's GGUF type
+    groups: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # levels, d, m
 
 
 class _Cursor:
@@ -252,6 +267,42 @@ class GGUFFile:
             array = np.ascontiguousarray(array, dtype=np.float32).reshape(t.shape)
         return torch.from_numpy(array)
 
+    def projection_tensors(self, layer: int | None, proj: str) -> list[TensorInfo]:
+        """The tensors behind one fused projection (`layer` None: the LM head, which is
+        the embedding table when the file has no output tensor)."""
+        if layer is None:
+            names = ["output.weight" if "output.weight" in self.tensors else "token_embd.weight"]
+        else:
+            names = [f"blk.{layer}.{part}.weight" for part in PROJECTION_PARTS[proj]]
+        missing = [n for n in names if n not in self.tensors]
+        if missing:
+            raise ModelLoadError(f"{self.path}: missing tensor {missing[0]!r}")
+        return [self.tensors[n] for n in names]
+
+    def four_bit(self, config: ModelConfig, layer: int | None, proj: str) -> FourBitBlocks:
+        """One fused projection as 4-bit levels with an affine scale per group of 32
+        inputs: (levels uint8 [N, K] in 0..15, d and m float32 [N, K / 32]) with
+        weight = d * level + m, exactly as the file's blocks hold it; no groups when a
+        part is in another type (named)."""
+        infos = self.projection_tensors(layer, proj)
+        other = [t.type_name for t in infos if t.type_name not in FOUR_BIT_TYPES]
+        if other:
+            return FourBitBlocks(other[0], None)
+        parts = []
+        for t in infos:
+            raw = np.frombuffer(self._map, np.uint8, t.nbytes, t.offset)
+            levels, d, m = (torch.from_numpy(a) for a in four_bit_groups(raw, t.type_name))
+            rows, cols = t.shape
+            levels, d, m = levels.view(rows, cols), d.view(rows, -1), m.view(rows, -1)
+            if config.architecture == "llama" and t.name.endswith(
+                ("attn_q.weight", "attn_k.weight")
+            ):
+                heads = config.num_heads if "attn_q" in t.name else config.num_kv_heads
+                levels, d, m = (unpermute(x, heads) for x in (levels, d, m))
+            parts.append((levels, d, m))
+        levels, d, m = (torch.cat(x).contiguous() for x in zip(*parts))
+        return FourBitBlocks(infos[0].type_name, (levels, d, m))
+
     def weights(self, config: ModelConfig) -> dict[str, torch.Tensor]:
         """Every model tensor, dequantized, under its HF name, with llama.cpp's rotary row
         permutation of q/k undone (only the llama architecture is permuted by its converter)."""
@@ -282,3 +333,37 @@ def unpermute(w: torch.Tensor, num_heads: int) -> torch.Tensor:
         .swapaxes(1, 2)
         .reshape(w.shape)
     )
+
+
+def four_bit_groups(raw: np.ndarray, type_name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Blocks of a 4-bit type -> (levels uint8 [values], d, m float32 [values / 32]) with
+    value = d * level + m, level in 0..15, in the tensor's value order.
+
+    Q4_0 (18 bytes / 32): fp16 d, 16 bytes of nibbles; value = d * (level - 8).
+    Q4_1 (20 bytes / 32): fp16 d and m; value = d * level + m.
+    Q4_K (144 bytes / 256): fp16 d and dmin, 12 bytes of 6-bit scales and mins for eight
+    groups of 32, 128 bytes of nibbles; value = d * scale * level - dmin * min.
+    In Q4_0 and Q4_1 a block's byte j holds value j (low nibble) and j + 16 (high); in
+    Q4_K each 32 bytes hold two groups, the low nibbles the first."""
+    if type_name in ("Q4_0", "Q4_1"):
+        blocks = raw.reshape(-1, 18 if type_name == "Q4_0" else 20)
+        d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)[:, 0]
+        if type_name == "Q4_0":
+            m, qs = -8 * d, blocks[:, 2:]
+        else:
+            m, qs = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)[:, 0], blocks[:, 4:]
+        levels = np.concatenate([qs & 0x0F, qs >> 4], axis=1)
+        return levels.reshape(-1), d, m
+    if type_name == "Q4_K":
+        from gguf.quants import Q4_K
+
+        blocks = raw.reshape(-1, 144)
+        d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
+        dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+        scales, mins = Q4_K.get_scale_min(blocks[:, 4:16].copy())
+        qs = blocks[:, 16:].reshape(-1, 4, 1, 32)
+        levels = np.concatenate([qs & 0x0F, qs >> 4], axis=2)  # [blocks, 4, 2, 32]
+        group_d = d * scales.astype(np.float32)
+        group_m = -(dmin * mins.astype(np.float32))
+        return levels.reshape(-1), group_d.reshape(-1), group_m.reshape(-1)
+    raise ValueError(f"{type_name} is not a 4-bit type ({', '.join(FOUR_BIT_TYPES)})")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -91,6 +91,8 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
 # A weight in another format (int8): called on activations [M, K] -> [M, N].
 Projection = Callable[[torch.Tensor], torch.Tensor]
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+# (layer or None for the LM head, projection) -> the file's blocks (GGUFFile.four_bit).
+FourBitSource = Callable[[int | None, str], Any]
 
 
 class LlamaModel(nn.Module):
@@ -113,7 +115,9 @@ class LlamaModel(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
         self.kernels: Kernels = get_kernels("torch")
-        self.weight_format = "dtype"  # or "int8" after quantize()
+        self.weight_format = "dtype"  # or "int8" / "q4" after quantize()
+        # A GGUF file's 4-bit blocks of one projection (see GGUFFile.four_bit), for "q4".
+        self.four_bit_source: FourBitSource | None = None
         self.lm_head_quantized: Projection | None = None
         self.requires_grad_(False)
 
@@ -125,15 +129,18 @@ class LlamaModel(nn.Module):
         """Every matmul weight `quantize` would convert, the LM head last."""
         return [getattr(layer, p) for layer in self.layers for p in PROJECTIONS] + [self.lm_head]
 
-    def quantize(self, name: str, make: Callable[[torch.Tensor], Projection]) -> None:
-        """Every projection and the LM head become `make(weight)` (e.g. int8 weights); the
-        originals are released. The embedding table stays as it is, for lookups."""
-        for layer in self.layers:
+    def quantize(
+        self, name: str, make: Callable[[int | None, str, torch.Tensor], Projection]
+    ) -> None:
+        """Every projection and the LM head become `make(layer, proj, weight)` (layer None
+        and proj "lm_head" for the LM head); the originals are released. The embedding
+        table stays as it is, for lookups."""
+        for i, layer in enumerate(self.layers):
             for proj in PROJECTIONS:
                 param = getattr(layer, proj)
-                layer.quantized[proj] = make(param)
+                layer.quantized[proj] = make(i, proj, param)
                 param.data = torch.empty(0, dtype=param.dtype, device=param.device)
-        self.lm_head_quantized = make(self.lm_head)
+        self.lm_head_quantized = make(None, "lm_head", self.lm_head)
         if self.lm_head is not self.embed_tokens:
             self.lm_head.data = torch.empty(0, dtype=self.dtype, device=self.lm_head.device)
         self.weight_format = name

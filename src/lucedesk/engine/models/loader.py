@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -52,6 +53,8 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> LoadedMo
         raise ModelLoadError(f"{path}: neither a .gguf file nor a Hugging Face folder")
     model = LlamaModel(config, dtype)
     load_weights(model, weights, str(path))
+    if not path.is_dir():
+        model.four_bit_source = functools.partial(gguf.four_bit, config)
     model.eval()
     seconds = time.perf_counter() - started
     return LoadedModel(model, tokenizer, config, path, name, seconds, quantization)

@@ -11,6 +11,7 @@
 #include "attention.h"
 #include "int8.h"
 #include "layers.h"
+#include "lowbit.h"
 
 TORCH_LIBRARY(lucedesk_cpu, m) {
   m.def(
@@ -23,6 +24,9 @@ TORCH_LIBRARY(lucedesk_cpu, m) {
   m.def("int8_linear_tiles(Tensor x, Tensor q, Tensor d, Tensor m) -> Tensor",
         &int8_linear_tiles);
   m.def("int8_amx_available() -> bool", &int8_amx_available);
+  m.def("lowbit_linear(Tensor x, Tensor q, Tensor d, Tensor m, int bits, bool vector) -> Tensor",
+        &lowbit_linear);
+  m.def("lowbit_vector_available() -> bool", &lowbit_vector_available);
   m.def("rotary_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin) -> ()",
         &rotary_);
 }

@@ -1,0 +1,210 @@
+"""4- and 8-bit weights (kernels/cpu.py LowBitWeight, csrc/lowbit.h) and the `q4` format:
+the kernels against a torch reference of their arithmetic, the VNNI and plain paths giving
+the same bits, rows independent of their batch, GGUF 4-bit blocks taken exactly, and an
+engine on them giving each request its tokens alone."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+
+from lucedesk.engine.build import apply_weight_format
+from lucedesk.engine.models.gguf_file import four_bit_groups
+from lucedesk.engine.models.loader import load_model
+from lucedesk.errors import ConfigError
+from lucedesk.kernels.cpu import LowBitWeight, lowbit_vector_available
+from tests.engine_harness import make_engine, random_jobs, run_alone, run_jobs
+from tests.gguf_writer import random_k_quant, write_gguf
+
+# Every path this machine has: the plain loops always, AVX512-VNNI where the CPU has it.
+PATHS = [False, True] if lowbit_vector_available() else [False]
+
+
+def reference(weight: LowBitWeight, x: torch.Tensor) -> torch.Tensor:
+    """The kernels' arithmetic in float64: activations quantized per row to int8 with one
+    scale per 32 inputs (amax / 127, round half to even), exact group sums, d and m per
+    group."""
+    n, k = weight.shape
+    xf = x.float().view(len(x), k // 32, 32)
+    amax = xf.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    xq = torch.round(xf * inv).double()
+    xd = (amax / 127.0).double()
+    levels = weight.levels().double().view(n, k // 32, 32)
+    d = weight.d.transpose(1, 2).reshape(n, -1).double()
+    m = weight.m.transpose(1, 2).reshape(n, -1).double()
+    isum = torch.einsum("rgk,ngk->rng", xq, levels)
+    xs = xq.sum(-1)  # [rows, groups]
+    return (isum * d[None] * xd[..., 0][:, None] + m[None] * (xd[..., 0] * xs)[:, None]).sum(-1)
+
+
+def random_levels(n: int, k: int, bits: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    levels = torch.randint(0, 2**bits, (n, k), generator=g, dtype=torch.uint8)
+    d = torch.rand(n, k // 32, generator=g) * 0.01
+    m = -torch.rand(n, k // 32, generator=g) * 0.05
+    return levels, d, m, g
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("n,k", [(960, 576), (576, 1536), (16, 32)])
+def test_low_bit_weights_compute_their_stated_arithmetic(bits, n, k):
+    levels, d, m, g = random_levels(n, k, bits, n + k + bits)
+    x = torch.randn(37, k, generator=g).bfloat16()
+    x[3] = 0  # a row of zeros: scale 0, no division by it
+    outs = []
+    for vector in PATHS:
+        weight = LowBitWeight(levels, d, m, bits, vector=vector)
+        assert torch.equal(weight.levels(), levels)
+        got = weight(x)
+        want = reference(weight, x)
+        # bf16 output: within its rounding of the exact result.
+        assert (got.double() - want).abs().max() <= 2**-7 * want.abs().max()
+        assert torch.equal(got[3], torch.zeros(n, dtype=torch.bfloat16))
+        outs.append(got)
+        # ...and within the activation quantization of the float product.
+        exact = x.float() @ weight.dequantize().t()
+        assert (got.float() - exact).abs().max() <= 0.02 * exact.abs().max()
+    assert all(torch.equal(o, outs[0]) for o in outs), "the VNNI and plain paths differ"
+    assert weight.nbytes < n * k * (0.76 if bits == 4 else 1.26)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_low_bit_rows_do_not_depend_on_the_batch(bits):
+    levels, d, m, g = random_levels(960, 576, bits, 5)
+    x = torch.randn(45, 576, generator=g).bfloat16()
+    for vector in PATHS:
+        weight = LowBitWeight(levels, d, m, bits, vector=vector)
+        together = weight(x)
+        for start, end in [(0, 1), (3, 4), (5, 21), (17, 18), (30, 45), (44, 45), (1, 3)]:
+            assert torch.equal(weight(x[start:end]), together[start:end])
+
+
+def test_eight_bit_weights_from_float_lose_at_most_a_510th_of_a_group():
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(64, 96, generator=g) * 0.05
+    weight = LowBitWeight.from_float(w)
+    assert weight.bits == 8
+    groups = w.view(64, -1, 32)
+    ranges = groups.amax(-1) - groups.amin(-1)
+    err = (weight.dequantize() - w).view(64, -1, 32).abs().amax(-1)
+    assert (err <= ranges / 510 + 1e-7).all()
+
+
+def test_low_bit_weights_refuse_what_they_cannot_hold():
+    levels, d, m, _ = random_levels(32, 64, 4, 1)
+    with pytest.raises(ValueError, match="bfloat16"):
+        LowBitWeight(levels, d, m, 4)(torch.randn(2, 64))
+    with pytest.raises(ValueError, match="exceed 15"):
+        LowBitWeight(levels + 16, d, m, 4)
+    with pytest.raises(ValueError, match="N % 16"):
+        LowBitWeight(levels[:24], d[:24], m[:24], 4)
+    with pytest.raises(ValueError, match="bits must be 4 or 8"):
+        LowBitWeight(levels, d, m, 2)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q4_K])
+def test_four_bit_blocks_give_gguf_dequantized_values(qtype):
+    """The levels, d and m read from a block are the values gguf's own dequantizer gives."""
+    rng = np.random.default_rng(int(qtype))
+    if qtype == Q.Q4_K:
+        raw = random_k_quant(8, 512, qtype, rng)
+    else:
+        raw = quants.quantize((rng.standard_normal((8, 512)) * 0.1).astype(np.float32), qtype)
+    want = quants.dequantize(raw, qtype).reshape(-1)
+    levels, d, m = four_bit_groups(raw.reshape(-1), qtype.name)
+    assert levels.max() <= 15
+    got = levels.reshape(-1, 32).astype(np.float32) * d[:, None] + m[:, None]
+    np.testing.assert_allclose(got.reshape(-1), want, rtol=1e-6, atol=1e-9)
+
+
+# Projections in every 4-bit type (q and k also through llama.cpp's row permutation), the
+# LM head in another type: held at 8 bits, with a notice naming it.
+FOUR_BIT = {
+    "token_embd": Q.Q8_0,
+    "output": Q.Q6_K,
+    "attn_q": Q.Q4_K,
+    "attn_k": Q.Q4_0,
+    "attn_v": Q.Q4_1,
+    "attn_output": Q.Q4_1,
+    "ffn_gate": Q.Q4_K,
+    "ffn_up": Q.Q4_0,
+    "ffn_down": Q.Q4_K,
+}
+
+
+@pytest.fixture(scope="module")
+def four_bit_gguf(tmp_path_factory):
+    return write_gguf(tmp_path_factory.mktemp("q4") / "q4.gguf", FOUR_BIT)
+
+
+def test_q4_takes_the_files_blocks_exactly(four_bit_gguf, caplog):
+    loaded = load_model(four_bit_gguf, torch.bfloat16)
+    model = loaded.model
+    before = {p: getattr(model.layers[1], p).clone() for p in ("qkv_proj", "gate_up_proj")}
+    ids = torch.randint(0, loaded.config.vocab_size, (24,), generator=torch.Generator())
+    plain = logits(loaded, ids)
+    with caplog.at_level(logging.INFO, logger="lucedesk.engine.build"):
+        assert apply_weight_format(model, "q4", "cpu") == "q4"
+    assert "Q6_K" in caplog.text  # the LM head's type, held at 8 bits
+    for proj, weight in before.items():
+        held = model.layers[1].quantized[proj]
+        assert held.bits == 4
+        # The bf16 model holds the same values: the same rows, fused in the same order.
+        assert torch.equal(held.dequantize().bfloat16(), weight)
+    assert model.lm_head_quantized.bits == 8
+    got = logits(loaded, ids)
+    assert (got - plain).abs().max() <= 0.05 * plain.abs().max()
+    assert (got.argmax(-1) == plain.argmax(-1)).float().mean() >= 0.9
+
+
+def logits(loaded, ids: torch.Tensor) -> torch.Tensor:
+    from lucedesk.engine.models.llama import CausalAttention
+
+    model = loaded.model
+    with torch.inference_mode():
+        hidden = model(ids, torch.arange(len(ids)), CausalAttention(loaded.config.head_dim))
+        return model.compute_logits(hidden)
+
+
+def test_q4_engine_gives_each_request_its_tokens_alone(four_bit_gguf):
+    """bf16 with 4-bit weights: requests arriving at different steps, batched, get the
+    tokens each gets alone (every prompt goes in one chunk either way, so only the batch
+    differs)."""
+    loaded = load_model(four_bit_gguf, torch.bfloat16)
+    jobs = random_jobs(loaded, 8, 4, prompt_range=(1, 60), output_range=(8, 40), pressure=False)
+    engine = make_engine(loaded, kernels="cpu", weights="q4", max_slots=4, kv_pool_tokens=4096)
+    assert loaded.model.weight_format == "q4"
+    batched = run_jobs(engine, jobs)
+    assert batched == run_alone(loaded, jobs, "cpu", "q4")
+    assert [len(b) for b in batched] == [j.params.max_tokens for j in jobs]
+
+
+def test_q4_needs_a_four_bit_file(tiny_llama, four_bit_gguf, tmp_path):
+    """`auto` takes q4 for a 4-bit file where the VNNI kernels run; asking for q4 without
+    4-bit blocks, or on a model it cannot run, says why."""
+    from lucedesk.config import EngineConfig
+
+    expected = "q4" if lowbit_vector_available() else "dtype"
+    assert apply_weight_format(load_model(four_bit_gguf, torch.bfloat16).model, "auto", "cpu") == (
+        expected
+    )
+
+    with pytest.raises(ConfigError, match="weights must be one of auto, dtype, int8, q4"):
+        EngineConfig(weights="int4").validate()
+    folder = load_model(tiny_llama, torch.bfloat16)
+    with pytest.raises(ConfigError, match="not from a GGUF file"):
+        apply_weight_format(folder.model, "q4", "cpu")
+    eight = write_gguf(tmp_path / "q8.gguf", {"attn_q": Q.Q8_0, "ffn_gate": Q.Q8_0})
+    loaded = load_model(eight, torch.bfloat16)
+    with pytest.raises(ConfigError, match="this model's are Q8_0"):
+        apply_weight_format(loaded.model, "q4", "cpu")
+    assert apply_weight_format(loaded.model, "auto", "cpu") != "q4"
+    fp32 = load_model(eight, torch.float32)
+    with pytest.raises(ConfigError, match="need the cpu kernels and a bfloat16 model"):
+        apply_weight_format(fp32.model, "q4", "cpu")
