@@ -87,7 +87,11 @@ def run_jobs_whole(engine: Engine, jobs: list[Job], check: bool = True) -> list[
 
 
 def run_alone(
-    loaded: LoadedModel, jobs: list[Job], kernels: str = "torch", weights: str = "dtype"
+    loaded: LoadedModel,
+    jobs: list[Job],
+    kernels: str = "torch",
+    weights: str = "dtype",
+    **config,
 ) -> list[list[int]]:
     """Each job by itself: one slot, whole prompt in one chunk, no preemption possible."""
     out = []
@@ -100,6 +104,7 @@ def run_alone(
             kv_pool_tokens=4096,
             max_num_batched_tokens=512,
             prefill_chunk_idle=512,
+            **config,
         )
         out.extend(run_jobs(engine, [Job(job.prompt, job.params, 0)], check=False))
     return out

@@ -26,6 +26,7 @@ TIGHT = dict(
 
 
 def check_batched_equals_alone(loaded, jobs, kernels="torch", weights="dtype", **config):
+    """Returns the batched engine (for its counters)."""
     # The pool holds the largest request and little more, so the others must make room.
     largest = max(len(j.prompt) + j.params.max_tokens for j in jobs)
     config["kv_pool_tokens"] = blocks_for(largest, config["block_size"]) * config["block_size"]
@@ -33,11 +34,13 @@ def check_batched_equals_alone(loaded, jobs, kernels="torch", weights="dtype", *
     assert engine.seq_engine.kernels.name == kernels
     batched = run_jobs(engine, jobs)
     assert engine.scheduler.num_preemptions > 0, "the pool was meant to force preemption"
-    alone = run_alone(loaded, jobs, kernels, weights)
+    lookup = {k: v for k, v in config.items() if k.startswith("prompt_lookup")}
+    alone = run_alone(loaded, jobs, kernels, weights, **lookup)
     for i, (got, want) in enumerate(zip(batched, alone)):
         assert got == want, f"request {i} (prompt {len(jobs[i].prompt)} tokens) differs"
         assert len(got) == jobs[i].params.max_tokens
     assert engine.scheduler.pool.num_free_blocks == engine.scheduler.pool.num_blocks
+    return engine
 
 
 @pytest.mark.parametrize("kernels", KERNELS)

@@ -34,6 +34,10 @@ class EngineConfig:
     device: str = "auto"  # auto = cuda when available (ROCm too), else cpu
     num_threads: int = 0  # CPU threads for torch; 0 = torch's default
     prefix_cache: bool = True
+    # Prompt-lookup speculation (engine/speculation.py): the default for requests that do
+    # not say, and the longest draft a step verifies for one request.
+    prompt_lookup: bool = False
+    prompt_lookup_tokens: int = 8
 
     def validate(self, source: str = "engine config") -> EngineConfig:
         def fail(key: str, rule: str) -> ConfigError:
@@ -51,6 +55,9 @@ class EngineConfig:
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise fail(key, "must be a positive integer")
+        lookup = self.prompt_lookup_tokens
+        if not isinstance(lookup, int) or isinstance(lookup, bool) or not 1 <= lookup <= 64:
+            raise fail("prompt_lookup_tokens", "must be an integer from 1 to 64")
         for key in ("kv_pool_tokens", "max_model_len", "num_threads", "decode_headroom_tokens"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:

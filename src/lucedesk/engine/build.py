@@ -199,6 +199,8 @@ def apply_weight_format(model: LlamaModel, wanted: str, kernels: str) -> str:
 
     usable = kernels == "cpu" and model.dtype == torch.bfloat16
     weights = model.projection_weights()
+    if wanted == "auto" and model.weight_format != "dtype":
+        wanted = model.weight_format  # already chosen (an engine rebuilt on the same weights)
     if wanted == "auto":
         whole = all(LowBitWeight.fits(tuple(w.shape)) for w in weights)
         if usable and whole and lowbit_vector_available() and _four_bit_file(model):

@@ -18,6 +18,7 @@ from lucedesk.engine.models.tokenizer import IncrementalDetokenizer, Tokenizer
 from lucedesk.engine.request import FinishReason, Request, SamplingParams
 from lucedesk.engine.scheduler import Scheduler, StepPlan
 from lucedesk.engine.seq_engine import SeqEngine, StepResult
+from lucedesk.engine.speculation import PromptLookup
 from lucedesk.engine.stats import EngineStats, StatsCollector
 from lucedesk.engine.tool_calls import MARKERS, Tool, ToolChoice, ToolFormat, detect_family
 from lucedesk.engine.tool_parser import overlap_with_start
@@ -39,6 +40,7 @@ class _Stream:
     text: str = ""  # all output text so far, stop strings included
     num_emitted: int = 0  # characters of `text` already sent
     num_tokens_sent: int = 0
+    num_pushed: int = 0  # output tokens given to the detokenizer
     logprobs: list[TokenLogprob] = field(default_factory=list)  # per output token, if asked
     stop_sequence: str | None = None  # the stop string that ended it
 
@@ -210,6 +212,10 @@ class Engine:
             stop_ids.update(self.tokenizer.stop_token_ids)
         req = Request(rid, list(prompt_ids), params, owner=owner, stop_ids=frozenset(stop_ids))
         self.scheduler.check_fits(req)
+        config = self.scheduler.config
+        speculate = config.prompt_lookup if params.speculative is None else params.speculative
+        if speculate and params.greedy and params.grammar is None and params.logprobs is None:
+            req.lookup, req.draft_limit = PromptLookup(), config.prompt_lookup_tokens
         if params.grammar is not None:
             req.matcher = self.grammars.matcher(params.grammar)
             req.end_ids = frozenset(self.tokenizer.stop_token_ids)
@@ -317,9 +323,12 @@ class Engine:
             for row in plan.rows
             if row.request.slot in result.logprobs
         }
-        produced = self.scheduler.update(plan, result.sampled, result.stopped)
+        produced = self.scheduler.update(plan, result.sampled, result.stopped, result.accepted)
         now = time.monotonic()
         for req in produced:
+            s = self._streams.get(req.request_id)
+            if s is None or s.num_pushed >= req.num_output_tokens:
+                continue  # dropped: it came after a stop string in the same step
             self._collector.on_token(req, now)
             try:
                 self._stream(req, logprobs.get(req.request_id))
@@ -343,6 +352,7 @@ class Engine:
         errors: dict[int, str] = {}
         logprobs: dict[int, TokenLogprob] = {}
         stopped: set[int] = set()
+        accepted: dict[int, tuple[int, ...]] = {}
         for row in plan.rows:
             alone = StepPlan(plan.step)
             (alone.decodes if row in plan.decodes else alone.prefills).append(row)
@@ -352,20 +362,25 @@ class Engine:
                 errors.update(r.errors)
                 logprobs.update(r.logprobs)
                 stopped.update(r.stopped)
+                accepted.update(r.accepted)
             except Exception as exc:
                 log.exception("step failed for %s", row.request.request_id)
                 errors[row.request.slot] = f"{type(exc).__name__}: {exc}"
-        return StepResult(sampled, errors, logprobs, frozenset(stopped))
+        return StepResult(sampled, errors, logprobs, frozenset(stopped), accepted)
 
     def _stream(self, req: Request, logprob: TokenLogprob | None) -> None:
+        """Detokenize the request's next output token and send what is safe to send. A draft
+        row gives several tokens in one step: each comes here in turn, the last one `last`."""
         s = self._streams[req.request_id]
-        token = req.output_ids[-1]
+        token = req.output_ids[s.num_pushed]
+        s.num_pushed += 1
+        last = s.num_pushed == req.num_output_tokens
         if logprob is not None:
             s.logprobs.append(logprob)
         if token not in req.stop_ids:  # end tokens are counted, never shown
             s.text += s.detokenizer.push([token])
         stops = req.params.stop
-        if stops and not req.finished:
+        if stops and not (req.finished and last):
             # Look for a stop string in the newly decoded tail; never send one to the client.
             window = max(map(len, stops)) + 8
             tail_from = max(0, s.num_emitted - window)
@@ -373,8 +388,13 @@ class Engine:
             if hits:
                 at, s.stop_sequence = min(hits)
                 s.text = s.text[:at]
-                self.scheduler.finish(req, FinishReason.STOP)
-        if req.finished:
+                del req.output_ids[s.num_pushed :]  # drafted tokens after it are not output
+                last = True
+                if req.finished:  # at a later token of this step, which the stop cuts off
+                    req.finish_reason = FinishReason.STOP
+                else:
+                    self.scheduler.finish(req, FinishReason.STOP)
+        if req.finished and last:
             s.text += s.detokenizer.flush() if req.finish_reason is not FinishReason.STOP else ""
             return  # sent by _close
         # Hold back a tail that could still grow into a stop string.
@@ -450,4 +470,7 @@ class Engine:
             prefix_cache_hit_tokens=sched.num_prefix_hit_tokens,
             prefix_cache_queries=sched.num_prefix_query_tokens,
             prefix_cached_blocks=pool.num_cached_blocks,
+            draft_rows=sched.num_draft_rows,
+            draft_tokens=sched.num_draft_tokens,
+            accepted_tokens=sched.num_accepted_tokens,
         )

@@ -56,6 +56,11 @@ class BlockPool:
         return len(self._free) + len(self._free_cached)
 
     @property
+    def num_blank_blocks(self) -> int:
+        """Free blocks holding no cached prefix (taking one evicts nothing)."""
+        return len(self._free)
+
+    @property
     def num_used_blocks(self) -> int:
         return self.num_blocks - self.num_free_blocks
 

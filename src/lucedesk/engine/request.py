@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from lucedesk.engine.grammar import Grammar
+from lucedesk.engine.speculation import PromptLookup
 from lucedesk.errors import RequestError
 
 MAX_TOP_LOGPROBS = 20
@@ -41,6 +42,9 @@ class SamplingParams:
     ignore_eos: bool = False
     grammar: Grammar | None = None  # the output must match it (constrained decoding)
     logprobs: int | None = None  # None: off; N: each token's logprob and the N most likely
+    # Prompt-lookup drafts (speculation.py): None = the engine's default. Greedy requests
+    # without a grammar or logprobs take them; the tokens are the same either way.
+    speculative: bool | None = None
 
     @property
     def greedy(self) -> bool:
@@ -83,6 +87,8 @@ class SamplingParams:
             raise bad("stop", "may hold at most 16 strings")
         if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", "must be non-negative integers")
+        if self.speculative is not None and not isinstance(self.speculative, bool):
+            raise bad("speculative", "must be true, false or null")
         if self.logprobs is not None and (
             not isinstance(self.logprobs, int)
             or isinstance(self.logprobs, bool)
@@ -119,6 +125,12 @@ class Request:
     finish_reason: FinishReason | None = None
     error: str | None = None
     num_preemptions: int = 0
+    # Prompt lookup, where on for this request: its index, the next draft's length and what
+    # its drafts came to.
+    lookup: PromptLookup | None = None
+    draft_limit: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
     cancel_requested: bool = False
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None

@@ -65,18 +65,34 @@ class TorchSeqEngine:
         self.sampler.forget(request_ids)
 
     def execute(self, plan: StepPlan) -> StepResult:
-        rows = plan.rows
         input_ids: list[int] = []
         positions: list[int] = []
-        for row in rows:
-            input_ids.extend(row.request.token_ids(row.start, row.start + row.num_tokens))
-            positions.extend(range(row.start, row.start + row.num_tokens))
+        query_lens: list[int] = []
+        seq_lens: list[int] = []
+        tables: list[list[int]] = []
+        # A decode row with a draft is one decode per position (each attends to the cache up
+        # to its own position, the draft's K/V written first): the logits of every position
+        # are what plain decode steps would compute there.
+        for row in plan.decodes:
+            input_ids += row.request.token_ids(row.start, row.start + 1) + list(row.draft)
+            for pos in range(row.start, row.start + row.num_tokens):
+                positions.append(pos)
+                query_lens.append(1)
+                seq_lens.append(pos + 1)
+                tables.append(row.request.block_ids)
+        num_decodes = len(query_lens)
+        for row in plan.prefills:
+            input_ids += row.request.token_ids(row.start, row.start + row.num_tokens)
+            positions += range(row.start, row.start + row.num_tokens)
+            query_lens.append(row.num_tokens)
+            seq_lens.append(row.start + row.num_tokens)
+            tables.append(row.request.block_ids)
         meta = AttentionMetadata.build(
-            query_lens=[r.num_tokens for r in rows],
-            seq_lens=[r.start + r.num_tokens for r in rows],
-            block_tables=[r.request.block_ids for r in rows],
+            query_lens=query_lens,
+            seq_lens=seq_lens,
+            block_tables=tables,
             block_size=self.block_size,
-            num_decodes=len(plan.decodes),
+            num_decodes=num_decodes,
             device=self.device,
         )
         attention = PagedAttention(self.kernels, self.k_caches, self.v_caches, meta, self.scale)
@@ -86,10 +102,44 @@ class TorchSeqEngine:
                 torch.tensor(positions, device=self.device),
                 attention,
             )  # [num_tokens, H]
-            # The LM head runs only on decode rows and on the last row of finishing chunks.
-            sampling = [i for i, r in enumerate(rows) if r.sample]
-            last_rows = [meta.query_start_cpu[i + 1] - 1 for i in sampling]
-            if not sampling:
+            # The LM head runs only on decode rows (every position of a draft) and on the
+            # last row of finishing chunks.
+            plain: list[int] = []  # logits rows sampled as usual, one per row
+            drafts: list[tuple[int, int]] = []  # (first logits row, index into plan.rows)
+            want: list[int] = []
+            row_start = 0
+            for i, row in enumerate(plan.rows):
+                if row.sample and row.draft:
+                    drafts.append((len(want), i))
+                    want += range(row_start, row_start + row.num_tokens)
+                elif row.sample:
+                    plain.append(len(want))
+                    want.append(row_start + row.num_tokens - 1)
+                row_start += row.num_tokens
+            if not want:
                 return StepResult({}, {})
-            logits = self.model.compute_logits(hidden[last_rows])  # [R, vocab]
-            return self.sampler.sample(logits, [rows[i].request for i in sampling])
+            logits = self.model.compute_logits(hidden[want])  # [R, vocab]
+            sampling = [r.request for r in plan.rows if r.sample and not r.draft]
+            result = StepResult({}, {})
+            if sampling:
+                result = self.sampler.sample(logits[plain], sampling)
+            if not drafts:
+                return result
+            # Draft rows are greedy, without grammar or logprobs (the engine's rule).
+            greedy = logits.argmax(dim=-1).tolist()
+            accepted = {}
+            for first, i in drafts:
+                row = plan.rows[i]
+                kept = accept_greedy(row.draft, greedy[first : first + row.num_tokens])
+                result.sampled[row.request.slot] = greedy[first + len(kept)]
+                accepted[row.request.slot] = kept
+            return result._replace(accepted=accepted)
+
+
+def accept_greedy(draft: tuple[int, ...], greedy: list[int]) -> tuple[int, ...]:
+    """The longest prefix of `draft` the model agrees with: greedy[j] is its choice after
+    the row's input and draft[:j], so draft[j] stands while it equals greedy[j]."""
+    n = 0
+    while n < len(draft) and draft[n] == greedy[n]:
+        n += 1
+    return draft[:n]

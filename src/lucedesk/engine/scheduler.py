@@ -3,7 +3,9 @@
 Each step:
   1. cancellations take effect (slot and blocks back);
   2. every decoding request gets one token, oldest first; one that needs a new block when
-     none is free preempts the most recently admitted request (possibly itself);
+     none is free preempts the most recently admitted request (possibly itself); a request
+     with prompt lookup on may add a draft of the tokens likely to follow (speculation.py),
+     where blocks and budget are free without preempting anyone;
   3. the rest of the token budget, capped by the prefill chunk (large while nothing decodes,
      small while something does), goes to prompt chunks, oldest first;
   4. the head of the waiting queue is admitted while a slot and the blocks for its tokens
@@ -25,12 +27,16 @@ from lucedesk.errors import RequestError
 
 class ScheduledRow(NamedTuple):
     """`num_tokens` tokens of `request` starting at position `start`; `sample` when this
-    chunk reaches the request's last token, so a new token is sampled from its last row."""
+    chunk reaches the request's last token, so a new token is sampled from its last row.
+    A decode row with a `draft` runs its next input and then the draft's tokens, each
+    position as a decode of its own: logits on every one, the longest agreeing prefix
+    kept."""
 
     request: Request
     start: int
     num_tokens: int
     sample: bool
+    draft: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -47,7 +53,7 @@ class StepPlan:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.decodes) + sum(r.num_tokens for r in self.prefills)
+        return sum(r.num_tokens for r in self.rows)
 
     def __bool__(self) -> bool:
         return bool(self.decodes or self.prefills)
@@ -66,6 +72,9 @@ class Scheduler:
         self.num_prefix_query_tokens = 0  # tokens looked up in the prefix cache at admission
         self.num_prefix_hit_tokens = 0  # ...of which the cache already held the KV
         self.num_computed_prompt_tokens = 0  # tokens run through prefill chunks
+        self.num_draft_rows = 0  # decode rows that carried a draft
+        self.num_draft_tokens = 0  # draft tokens run through the model
+        self.num_accepted_tokens = 0  # ...of which the model agreed with
         self.recently_finished: list[str] = []  # finished since the last plan
 
     # -- submission -------------------------------------------------------------------------
@@ -109,8 +118,9 @@ class Scheduler:
                 continue  # preempted earlier in this loop, or still prefilling
             if self._reserve_next_block(req):
                 plan.decodes.append(ScheduledRow(req, req.num_computed_tokens, 1, True))
+        self._add_drafts(plan)
 
-        budget = self.config.max_num_batched_tokens - len(plan.decodes)
+        budget = self.config.max_num_batched_tokens - plan.num_tokens
         chunk = (
             self.config.prefill_chunk_decoding if plan.decodes else self.config.prefill_chunk_idle
         )
@@ -132,33 +142,54 @@ class Scheduler:
         return plan
 
     def update(
-        self, plan: StepPlan, sampled: dict[int, int], stopped: frozenset[int] = frozenset()
+        self,
+        plan: StepPlan,
+        sampled: dict[int, int],
+        stopped: frozenset[int] = frozenset(),
+        accepted: dict[int, tuple[int, ...]] | None = None,
     ) -> list[Request]:
         """Record a step's result: `sampled` maps slot -> new token for each sampling row
         (a row missing from it failed and was finished with an error); `stopped` holds the
-        slots whose grammar is complete with that token. Returns the requests that produced
-        a token."""
+        slots whose grammar is complete with that token; `accepted` maps a draft row's slot
+        to the draft tokens the model agreed with, which come before its `sampled` token
+        (the model's own after them). Returns the requests that produced a token, once per
+        token, in order."""
         produced = []
         for row in plan.rows:
             req = row.request
             if req.finished or req.slot is None:
                 continue
-            req.num_computed_tokens = row.start + row.num_tokens
+            token = sampled.get(req.slot) if row.sample else None
+            kept = (accepted or {}).get(req.slot, ()) if token is not None else ()
+            # A draft row's KV holds its input and the drafts the model agreed with; the
+            # rest of the draft is written over by the next step.
+            done = 1 + len(kept) if row.draft else row.num_tokens
+            req.num_computed_tokens = row.start + done
             self._register_full_blocks(req)
-            if not row.sample:
-                continue
-            token = sampled.get(req.slot)
+            if row.draft:
+                self.num_draft_rows += 1
+                self.num_draft_tokens += len(row.draft)
+                self.num_accepted_tokens += len(kept)
+                req.num_draft_tokens += len(row.draft)
+                req.num_accepted_tokens += len(kept)
+                req.draft_limit = _next_draft_limit(
+                    req.draft_limit, len(row.draft), len(kept), self.config.prompt_lookup_tokens
+                )
             if token is None:
                 continue
-            req.output_ids.append(token)
-            produced.append(req)
-            if token in req.stop_ids or req.slot in stopped:
-                self.finish(req, FinishReason.STOP)
-            elif (
-                req.num_output_tokens >= req.params.max_tokens
-                or req.num_tokens >= self.max_model_len
-            ):
-                self.finish(req, FinishReason.LENGTH)
+            new = (*kept, token)
+            for i, t in enumerate(new):
+                req.output_ids.append(t)
+                produced.append(req)
+                if t in req.stop_ids or (i == len(new) - 1 and req.slot in stopped):
+                    self.finish(req, FinishReason.STOP)
+                elif (
+                    req.num_output_tokens >= req.params.max_tokens
+                    or req.num_tokens >= self.max_model_len
+                ):
+                    self.finish(req, FinishReason.LENGTH)
+                if req.finished:
+                    break
         return produced
 
     def finish(self, req: Request, reason: FinishReason, error: str | None = None) -> None:
@@ -174,6 +205,36 @@ class Scheduler:
         self.recently_finished.append(req.request_id)
 
     # -- helpers ----------------------------------------------------------------------------
+
+    def _add_drafts(self, plan: StepPlan) -> None:
+        """Lengthen decode rows with prompt-lookup drafts, in order, while the step's token
+        budget (less a prompt chunk, when one is waiting) and blank blocks allow: a draft
+        never preempts anyone, evicts no cached prefix, and never runs past the request's
+        max_tokens or the context."""
+        prompts_waiting = self.waiting or any(r.phase is Phase.PREFILL for r in self.running)
+        spare = self.config.max_num_batched_tokens - len(plan.decodes)
+        if prompts_waiting:
+            spare -= self.config.prefill_chunk_decoding
+        bs = self.config.block_size
+        for i, row in enumerate(plan.decodes):
+            req = row.request
+            if req.lookup is None or spare <= 0:
+                continue
+            left = min(
+                req.params.max_tokens - req.num_output_tokens - 1,
+                self.max_model_len - req.num_tokens - 1,
+                req.draft_limit,
+                spare,
+            )
+            draft = req.lookup.draft(req.token_ids(0, req.num_tokens), left)
+            # Room for the draft's KV: the blocks it holds, and more only from free ones.
+            need = blocks_for(row.start + 1 + len(draft), bs) - len(req.block_ids)
+            if need > 0:
+                req.block_ids.extend(self.pool.allocate(min(need, self.pool.num_blank_blocks)))
+                draft = draft[: len(req.block_ids) * bs - row.start - 1]
+            if draft:
+                plan.decodes[i] = row._replace(num_tokens=1 + len(draft), draft=tuple(draft))
+                spare -= len(draft)
 
     def _admit(self, req: Request) -> bool:
         """Give the head a slot and the blocks for its tokens plus headroom, all at once.
@@ -271,3 +332,13 @@ class Scheduler:
         assert len(set(slots) | set(self.free_slots)) == self.config.max_slots
         assert not set(slots) & set(self.free_slots), "a slot is both used and free"
         assert all(not r.block_ids and r.slot is None for r in self.waiting)
+
+
+def _next_draft_limit(limit: int, drafted: int, kept: int, most: int) -> int:
+    """A request's next draft length: doubled (up to `most`) after a draft the model took
+    whole, halved (down to 1) after one it took none of."""
+    if kept == drafted:
+        return min(most, limit * 2)
+    if kept == 0:
+        return max(1, limit // 2)
+    return limit

@@ -15,6 +15,8 @@ class StepResult(NamedTuple):
     # slot -> the new token's logprobs, where asked (never mutated, so one shared default)
     logprobs: dict[int, TokenLogprob] = {}
     stopped: frozenset[int] = frozenset()  # slots whose grammar is complete with this token
+    # slot -> the draft tokens the model agreed with, which come before its `sampled` token
+    accepted: dict[int, tuple[int, ...]] = {}
 
 
 class SeqEngine(Protocol):

@@ -29,6 +29,8 @@ class SlotStats:
     tokens_per_s: float = 0.0
     ttft_s: float | None = None
     preemptions: int = 0
+    draft_tokens: int = 0  # prompt-lookup draft tokens verified for this request
+    accepted_tokens: int = 0  # ...and kept
 
 
 @dataclass(slots=True, frozen=True)
@@ -61,6 +63,19 @@ class EngineStats:
     prefix_cache_hit_tokens: int = 0
     prefix_cache_queries: int = 0
     prefix_cached_blocks: int = 0
+    # Prompt-lookup speculation: decode rows that carried a draft, their draft tokens, and
+    # the tokens kept; each such row gave 1 + kept tokens.
+    draft_rows: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def tokens_per_draft_row(self) -> float:
+        return 1 + self.accepted_tokens / self.draft_rows if self.draft_rows else 0.0
 
 
 class Histogram:
@@ -151,4 +166,6 @@ class StatsCollector:
             tokens_per_s=self.slot_rate(req.request_id, now),
             ttft_s=(req.first_token_time - req.arrival_time) if req.first_token_time else None,
             preemptions=req.num_preemptions,
+            draft_tokens=req.num_draft_tokens,
+            accepted_tokens=req.num_accepted_tokens,
         )

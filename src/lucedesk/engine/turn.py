@@ -47,6 +47,7 @@ class TurnRequest:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    speculative: bool | None = None  # prompt-lookup drafts; None = the engine's default
     logprobs: int | None = None
     prompt_field: str = "messages"  # named in the error for a prompt that leaves no room
     # Agents: shrink max_tokens to the room the prompt leaves instead of refusing the turn.
@@ -113,6 +114,7 @@ def submit_turn(engine: Engine, req: TurnRequest, owner: str) -> Turn:
         seed=req.seed,
         stop=tuple(req.stop),
         ignore_eos=req.ignore_eos,
+        speculative=req.speculative,
         grammar=grammar,
         logprobs=req.logprobs,
     )

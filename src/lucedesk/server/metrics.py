@@ -59,4 +59,20 @@ def render(stats: EngineStats) -> str:
         "Prompt tokens looked up in the prefix cache.",
     )
     lines.append(f"lucedesk_prefix_cache_query_tokens_total {stats.prefix_cache_queries}")
+    counters = [
+        (
+            "lucedesk_draft_rows_total",
+            "Decode rows that carried a prompt-lookup draft.",
+            stats.draft_rows,
+        ),
+        ("lucedesk_draft_tokens_total", "Prompt-lookup draft tokens verified.", stats.draft_tokens),
+        (
+            "lucedesk_draft_accepted_tokens_total",
+            "Draft tokens the model agreed with.",
+            stats.accepted_tokens,
+        ),
+    ]
+    for name, help_text, value in counters:
+        _metric(lines, name, "counter", help_text)
+        lines.append(f"{name} {value}")
     return "\n".join(lines) + "\n"

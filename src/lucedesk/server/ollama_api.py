@@ -45,6 +45,7 @@ class Options(BaseModel):
     num_predict: int | None = None
     stop: list[str] | None = None
     ignore_eos: bool | None = None  # an extension, as on the OpenAI routes
+    speculative: bool | None = None  # likewise: prompt-lookup drafts
 
 
 class FunctionCall(BaseModel):
@@ -118,6 +119,7 @@ def sampling_of(options: Options | None) -> dict:
         seed=o.seed,
         stop=tuple(o.stop or ()),
         ignore_eos=bool(o.ignore_eos),
+        speculative=o.speculative,
     )
 
 

@@ -36,6 +36,7 @@ def sampling_of(body: SamplingFields, max_tokens: int | None) -> dict:
         seed=body.seed,
         stop=tuple(stop),
         ignore_eos=bool(body.ignore_eos),
+        speculative=body.speculative,
     )
 
 

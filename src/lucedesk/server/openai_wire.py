@@ -116,6 +116,7 @@ class SamplingFields(BaseModel):
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     ignore_eos: bool | None = False
+    speculative: bool | None = None  # prompt-lookup drafts (lucedesk); null = the server's
 
 
 class ChatCompletionRequest(SamplingFields):

@@ -142,8 +142,13 @@ class SlotMonitor(Vertical):
             if stats.prefix_cache_queries
             else ""
         )
+        drafts = (
+            f" · drafts {stats.acceptance_rate:.0%} kept, {stats.tokens_per_draft_row:.1f} tok/step"
+            if stats.draft_rows
+            else ""
+        )
         summary = (
             f"{stats.tokens_per_s:.1f} tok/s · running {stats.num_running} · "
-            f"queued {stats.num_waiting} · preemptions {stats.num_preemptions}{hits}"
+            f"queued {stats.num_waiting} · preemptions {stats.num_preemptions}{hits}{drafts}"
         )
         self.query_one("#summary", Label).update(summary, layout=False)
