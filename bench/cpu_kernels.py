@@ -1,9 +1,10 @@
 """Times the C++ CPU kernels against their torch references on this machine:
 
 - paged decode attention (blocks read in place) against the torch path (gather + matmuls),
-- int8 matmuls against bf16 `F.linear` over a whole decode step's weights (the default
-  model's shapes, every weight distinct, so each step streams them from memory as the
-  engine does),
+- the low-bit matmuls (q4: 4-bit projections and an 8-bit LM head, as the `q4` format holds
+  the default model; int8: AMX tiles where present, else 8-bit VNNI) against bf16
+  `F.linear` over a whole decode step's weights (the default model's shapes, every weight
+  distinct, so each step streams them from memory as the engine does),
 - residual add + RMSNorm and rotary against their torch references.
 
     python bench/cpu_kernels.py [--markdown out.md]
@@ -19,7 +20,14 @@ import torch
 import torch.nn.functional as F
 
 from lucedesk.kernels.attention_torch import paged_attention_torch
-from lucedesk.kernels.cpu import Int8Weight, add_rms_norm_cpu, paged_attention_cpu, rotary_cpu
+from lucedesk.kernels.cpu import (
+    Int8Weight,
+    LowBitWeight,
+    add_rms_norm_cpu,
+    int8_tiles_available,
+    paged_attention_cpu,
+    rotary_cpu,
+)
 from lucedesk.kernels.layers_torch import add_rms_norm_torch, rotary_torch
 from lucedesk.kernels.metadata import AttentionMetadata
 
@@ -73,6 +81,16 @@ def attention_rows() -> list[str]:
     return rows
 
 
+def four_bit(w: torch.Tensor) -> LowBitWeight:
+    """A weight as a Q4_1 file holds it: 4-bit levels, min and scale per 32 inputs."""
+    n, k = w.shape
+    groups = w.float().view(n, k // 32, 32)
+    low, high = groups.amin(-1), groups.amax(-1)
+    d = ((high - low) / 15).clamp(min=1e-8)
+    levels = torch.round((groups - low[..., None]) / d[..., None]).clamp(0, 15)
+    return LowBitWeight(levels.to(torch.uint8).view(n, k), d, low, bits=4)
+
+
 def matmul_rows() -> list[str]:
     torch.manual_seed(0)
     bf16 = [
@@ -80,10 +98,14 @@ def matmul_rows() -> list[str]:
         for _ in range(NUM_LAYERS)
     ]
     bf16_head = torch.randn(*LM_HEAD).mul_(0.05).bfloat16()
-    int8 = [[Int8Weight(w) for w in layer] for layer in bf16]
-    int8_head = Int8Weight(bf16_head)
+    # int8 as `weights = "int8"` builds it on this machine (engine/build.py)
+    int8 = Int8Weight if int8_tiles_available() else LowBitWeight.from_float
+    formats = {
+        "q4": ([[four_bit(w) for w in layer] for layer in bf16], LowBitWeight.from_float),
+        "int8": ([[int8(w) for w in layer] for layer in bf16], int8),
+    }
+    formats = {name: (layers, make(bf16_head)) for name, (layers, make) in formats.items()}
     total_bf16 = sum(w.numel() * 2 for layer in bf16 for w in layer) + bf16_head.numel() * 2
-    total_int8 = sum(w.nbytes for layer in int8 for w in layer) + int8_head.nbytes
     rows = []
     for m in (1, 4, 16, 64, 256):
         xs = {k: torch.randn(m, k).bfloat16() for k in (576, 1536)}
@@ -95,19 +117,23 @@ def matmul_rows() -> list[str]:
                     F.linear(xs[w.shape[1]], w)  # noqa: B023
             F.linear(heads_in, bf16_head)  # noqa: B023
 
-        def run_int8():
-            for layer in int8:
-                for w in layer:
-                    w(xs[w.shape[1]])  # noqa: B023
-            int8_head(heads_in)  # noqa: B023
+        t_bf16 = timed(run_bf16, 10)
+        for name, (layers, head) in formats.items():
 
-        t_bf16, t_int8 = timed(run_bf16, 10), timed(run_int8, 10)
-        rows.append(
-            f"| a decode step's matmuls (default model) | {m} rows | {t_int8:.2f} | "
-            f"{t_bf16:.2f} | {t_bf16 / t_int8:.1f}x | {total_int8 / (t_int8 * 1e-3) / 1e9:.1f} |"
-        )
-        print(rows[-1], flush=True)
-    print(f"weights: bf16 {total_bf16 / 1e6:.0f} MB, int8 {total_int8 / 1e6:.0f} MB")
+            def run():
+                for layer in layers:  # noqa: B023
+                    for w in layer:
+                        w(xs[w.shape[1]])  # noqa: B023
+                head(heads_in)  # noqa: B023
+
+            t = timed(run, 10)
+            total = sum(w.nbytes for layer in layers for w in layer) + head.nbytes
+            rows.append(
+                f"| a decode step's matmuls, {name} (default model) | {m} rows | {t:.2f} | "
+                f"{t_bf16:.2f} | {t_bf16 / t:.1f}x | {total / (t * 1e-3) / 1e9:.1f} |"
+            )
+            print(rows[-1], f"({total / 1e6:.0f} MB)", flush=True)
+    print(f"weights: bf16 {total_bf16 / 1e6:.0f} MB")
     return rows
 
 

@@ -114,7 +114,9 @@ class Client:
         self.http = httpx.AsyncClient(
             headers=headers,
             timeout=httpx.Timeout(600, connect=10),
-            limits=httpx.Limits(max_connections=1024),
+            # A new connection per request: some servers (llama.cpp's) close one after each
+            # streamed reply, and a pooled connection reused as it closes fails the request.
+            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=0),
         )
         self.model = model
 
