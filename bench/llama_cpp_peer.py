@@ -259,8 +259,9 @@ def llama_server_cmd(
     return cmd
 
 
-def lucedesk_cmd(model: Path, port: int, name: str) -> list[str]:
+def lucedesk_cmd(model: Path, port: int, name: str, settings: list[str]) -> list[str]:
     cmd = [sys.executable, "-m", "lucedesk", "serve", "--model", str(model), "--port", str(port)]
+    cmd += [arg for setting in settings for arg in ("--set", setting)]
     return cmd + ["--served-model-name", name]
 
 
@@ -439,6 +440,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--slots", type=int, default=16, help="llama-server --parallel")
     parser.add_argument("--threads", type=int, default=2, help="llama-server --threads")
     parser.add_argument("--slot-ctx", type=int, default=2048, help="llama-server context per slot")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="lucedesk serve --set"
+    )
     parser.add_argument("--build-only", action="store_true", help="find or build, print, exit")
     parser.add_argument("--write-docs", action="store_true", help=f"update '{SECTION}'")
     return parser.parse_args(mine), passthrough
@@ -463,7 +467,8 @@ def main(argv: list[str]) -> None:
         llama_cmd = llama_server_cmd(binary, model, theirs_port, name, args)
         llama = start_server("llama.cpp", llama_cmd, theirs_port, log_dir)
         stack.callback(stop_server, llama)
-        ours = start_server("lucedesk", lucedesk_cmd(model, ours_port, name), ours_port, log_dir)
+        ours_cmd = lucedesk_cmd(model, ours_port, name, args.set)
+        ours = start_server("lucedesk", ours_cmd, ours_port, log_dir)
         stack.callback(stop_server, ours)
         wait_healthy(llama)
         wait_healthy(ours)
