@@ -6,12 +6,16 @@ import torch
 
 from lucedesk.engine.models.loader import load_model
 from lucedesk.engine.request import SamplingParams
-from lucedesk.engine.sampler import Sampler
+from lucedesk.engine.sampler import Sampler, nucleus, uniform
 
 
-def draws(logits, params, n=400, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return {Sampler.sample_row(logits, params, gen) for _ in range(n)}
+def spread(n: int) -> list[float]:
+    """n numbers spread evenly over [0, 1): each token of probability p is drawn ~p * n times."""
+    return [(i + 0.5) / n for i in range(n)]
+
+
+def draws(logits, params, n=400):
+    return {Sampler.sample_row(logits, params, u) for u in spread(n)}
 
 
 def test_top_k_keeps_the_k_best():
@@ -30,17 +34,54 @@ def test_min_p_drops_tokens_below_a_fraction_of_the_best():
     assert draws(probs.log(), SamplingParams(temperature=1.0, min_p=0.5)) == {0, 1}
 
 
+def test_draws_follow_the_distribution():
+    """The token where u falls in the cumulative distribution: over evenly spread u, each
+    token comes as often as its probability says (to one draw in 1,000)."""
+    g = torch.Generator().manual_seed(0)
+    for params in (
+        SamplingParams(temperature=0.7),
+        SamplingParams(temperature=1.0, top_p=0.9),
+        SamplingParams(temperature=1.3, top_k=20, min_p=0.01),
+    ):
+        logits = torch.randn(300, generator=g) * 3
+        counts = torch.zeros(300)
+        for u in spread(1000):
+            counts[Sampler.sample_row(logits, params, u)] += 1
+        probs = torch.softmax(logits / params.temperature, -1)
+        if params.top_k:
+            probs[probs < torch.topk(probs, params.top_k).values[-1]] = 0
+        if params.top_p < 1:
+            probs = nucleus(probs / probs.sum(), params.top_p)
+        if params.min_p:
+            probs[probs < params.min_p * probs.max()] = 0
+        probs /= probs.sum()
+        assert (counts / 1000 - probs).abs().max() <= 1.5e-3
+        assert counts[probs == 0].sum() == 0
+
+
+def test_nucleus_without_sorting_everything_matches_a_full_sort():
+    g = torch.Generator().manual_seed(1)
+    for scale in (0.5, 2.0, 8.0):  # flat (a full sort) to peaked (the first look suffices)
+        probs = torch.softmax(torch.randn(5000, generator=g) * scale, -1)
+        for top_p in (0.1, 0.5, 0.9, 0.99):
+            values, order = probs.sort(descending=True)
+            before = values.cumsum(0) - values
+            keep = before < top_p
+            keep[0] = True
+            want = torch.zeros_like(probs).scatter_(0, order[keep], values[keep])
+            assert torch.equal(nucleus(probs, top_p), want)
+
+
 def test_seed_reproduces_and_differs():
-    logits = torch.randn(100)
-    p = SamplingParams(temperature=1.0)
-    a = [Sampler.sample_row(logits, p, torch.Generator().manual_seed(3)) for _ in range(1)]
-    b = [Sampler.sample_row(logits, p, torch.Generator().manual_seed(3)) for _ in range(1)]
-    assert a == b
+    """A draw is fixed by the seed and the token's position, nothing else."""
+    assert uniform(7, 3) == uniform(7, 3)
+    assert len({uniform(7, i) for i in range(100)}) == 100
+    assert uniform(7, 3) != uniform(8, 3)
+    assert all(0 <= uniform(s, i) < 1 for s in (0, 2**64 - 1) for i in range(50))
     sampler = Sampler()
-    g1, g2 = sampler.generator("x", 7), sampler.generator("y", 7)
-    seq1 = [Sampler.sample_row(logits, p, g1) for _ in range(20)]
-    seq2 = [Sampler.sample_row(logits, p, g2) for _ in range(20)]
-    assert seq1 == seq2
+    assert sampler.base("x", 7) == sampler.base("y", 7) == 7
+    assert sampler.base("z", -1) == 2**64 - 1  # negative seeds wrap, as 64-bit seeds do
+    assert sampler.base("r1", None) != sampler.base("r2", None)
 
 
 def test_incremental_detokenizer_never_splits_characters(tiny_llama):
@@ -62,6 +103,5 @@ def test_tiny_temperature_and_top_p_stay_valid():
         SamplingParams(temperature=1.0, top_p=1e-300),
         SamplingParams(temperature=100.0, top_k=1),
     ):
-        gen = torch.Generator().manual_seed(0)
-        assert params.greedy or Sampler.sample_row(logits, params, gen) == 3
+        assert params.greedy or Sampler.sample_row(logits, params, 0.5) == 3
     assert SamplingParams(temperature=1e-300).greedy

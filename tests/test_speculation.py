@@ -78,6 +78,24 @@ def test_drafts_change_no_greedy_token_batched_or_alone(tiny_models, arch, seed,
     assert run_alone(loaded, jobs, kernels, prompt_lookup=True) == plain
 
 
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_drafts_change_no_sampled_token_batched_or_alone(tiny_models, kernels):
+    """Seeded sampling (temperature, top-k, top-p): a draft token stands where the draw at
+    its position chooses it, so the tokens are those drawn without drafts, alone."""
+    loaded = load_model(tiny_models["qwen3"], torch.float32)
+    jobs = repetitive_jobs(loaded, 12, 6)
+    jobs = [
+        dataclasses.replace(
+            j, params=dataclasses.replace(j.params, temperature=0.7, top_k=40, top_p=0.95, seed=i)
+        )
+        for i, j in enumerate(jobs)
+    ]
+    engine = check_batched_equals_alone(loaded, jobs, kernels, prompt_lookup=True, **TIGHT)
+    assert engine.scheduler.num_accepted_tokens > 0
+    assert engine.scheduler.num_accepted_tokens < engine.scheduler.num_draft_tokens
+    assert run_alone(loaded, jobs, kernels) == run_alone(loaded, jobs, kernels, prompt_lookup=True)
+
+
 def test_drafts_keep_every_answer_with_stop_strings_and_stop_tokens(tiny_models):
     """A stop string or stop token inside a step's accepted draft ends the request exactly
     where it ends without drafts: the same text, tokens and finish reason."""
@@ -145,9 +163,9 @@ def test_the_request_switch_overrides_the_engine_default(tiny_models):
     assert drafted(greedy, prompt_lookup=True) > 0
     assert drafted(dataclasses.replace(greedy, speculative=False), prompt_lookup=True) == 0
     assert drafted(dataclasses.replace(greedy, speculative=True)) > 0
-    # Sampled requests and those asking for logprobs go without (their tokens come one a step).
-    sampled = dataclasses.replace(greedy, temperature=0.8, seed=1, speculative=True)
-    assert drafted(sampled) == 0
+    sampled = dataclasses.replace(greedy, temperature=0.2, seed=1, speculative=True)
+    assert drafted(sampled) > 0
+    # Requests asking for logprobs go without (their tokens come one a step).
     assert drafted(dataclasses.replace(greedy, logprobs=2, speculative=True)) == 0
 
 

@@ -125,21 +125,16 @@ class TorchSeqEngine:
                 result = self.sampler.sample(logits[plain], sampling)
             if not drafts:
                 return result
-            # Draft rows are greedy, without grammar or logprobs (the engine's rule).
-            greedy = logits.argmax(dim=-1).tolist()
+            # Draft rows have no grammar and no logprobs (the engine's rule).
             accepted = {}
             for first, i in drafts:
                 row = plan.rows[i]
-                kept = accept_greedy(row.draft, greedy[first : first + row.num_tokens])
-                result.sampled[row.request.slot] = greedy[first + len(kept)]
+                rows = logits[first : first + row.num_tokens]
+                try:
+                    kept, token = self.sampler.verify(rows, row.request, row.draft)
+                except Exception as exc:  # one bad row must not sink the batch
+                    result.errors[row.request.slot] = f"sampling failed: {exc}"
+                    continue
+                result.sampled[row.request.slot] = token
                 accepted[row.request.slot] = kept
             return result._replace(accepted=accepted)
-
-
-def accept_greedy(draft: tuple[int, ...], greedy: list[int]) -> tuple[int, ...]:
-    """The longest prefix of `draft` the model agrees with: greedy[j] is its choice after
-    the row's input and draft[:j], so draft[j] stands while it equals greedy[j]."""
-    n = 0
-    while n < len(draft) and draft[n] == greedy[n]:
-        n += 1
-    return draft[:n]

@@ -11,29 +11,67 @@ from lucedesk.engine.handle import TokenLogprob
 from lucedesk.engine.request import Request, SamplingParams
 from lucedesk.engine.seq_engine import StepResult
 
+MASK64 = (1 << 64) - 1
+NUCLEUS_FIRST_LOOK = 64  # top-p looks at this many best tokens before sorting them all
+
+
+def uniform(base: int, position: int) -> float:
+    """A number in [0, 1) fixed by a request's base seed and the position of the token being
+    chosen (splitmix64 of the two): a request's draw for a position is the same however its
+    tokens were grouped into steps, batched, preempted or drafted."""
+    z = (base + (position + 1) * 0x9E3779B97F4A7C15) & MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return ((z ^ (z >> 31)) >> 11) / float(1 << 53)
+
 
 class Sampler:
     """Greedy rows take the argmax; sampled rows apply temperature, top-k, top-p and min-p and
-    draw with the request's own generator (seeded from `seed`), so a seeded request gets the
-    same tokens whoever shares its batch. Rows with a grammar are masked first; rows without
-    one pay nothing for it."""
+    take the token where a uniform number falls in the cumulative distribution, the number
+    fixed by the request's seed and the token's position: a seeded request gets the same
+    tokens whoever shares its batch, and a draft checked position by position gets the
+    tokens it would get without one. Rows with a grammar are masked first; rows without one
+    pay nothing for it."""
 
     def __init__(self) -> None:
-        self._generators: dict[str, torch.Generator] = {}
+        self._bases: dict[str, int] = {}  # request -> base seed of its draws
         self._executor = None  # llguidance's thread pool, made at the first grammar row
         self._shifts = torch.arange(32, dtype=torch.int32)
 
     def forget(self, request_ids: list[str]) -> None:
         for rid in request_ids:
-            self._generators.pop(rid, None)
+            self._bases.pop(rid, None)
 
-    def generator(self, request_id: str, seed: int | None) -> torch.Generator:
-        gen = self._generators.get(request_id)
-        if gen is None:
-            gen = torch.Generator()
-            gen.manual_seed(seed if seed is not None else random.getrandbits(63))
-            self._generators[request_id] = gen
-        return gen
+    def base(self, request_id: str, seed: int | None) -> int:
+        base = self._bases.get(request_id)
+        if base is None:
+            base = seed & MASK64 if seed is not None else random.getrandbits(64)
+            self._bases[request_id] = base
+        return base
+
+    def choose(self, logits: torch.Tensor, req: Request, position: int) -> int:
+        """The token at `position` of prompt + output from its logits [vocab] (no grammar)."""
+        p = req.params
+        if p.greedy:
+            return int(logits.argmax())
+        return self.sample_row(logits, p, uniform(self.base(req.request_id, p.seed), position))
+
+    def verify(
+        self, logits: torch.Tensor, req: Request, draft: tuple[int, ...]
+    ) -> tuple[tuple[int, ...], int]:
+        """A draft row's outcome: logits [len(draft) + 1, vocab] for the row's input and each
+        draft token. Returns (the draft tokens kept, the token after them): the longest
+        prefix of the draft that the tokens chosen position by position agree with, as
+        choosing without a draft would have chosen them. For a sampled row this is the
+        standard rule for a draft of fixed tokens: draft token d is kept with probability
+        p(d), and otherwise the token is drawn from p without d."""
+        n = req.num_tokens
+        greedy = logits.argmax(dim=-1).tolist() if req.params.greedy else None
+        for j in range(len(draft) + 1):
+            token = greedy[j] if greedy is not None else self.choose(logits[j], req, n + j)
+            if j == len(draft) or token != draft[j]:
+                return draft[:j], token
+        raise AssertionError("unreachable")
 
     def sample(self, logits: torch.Tensor, requests: list[Request]) -> StepResult:
         """logits: [R, vocab], row i belonging to requests[i] (each holding a slot)."""
@@ -54,8 +92,7 @@ class Sampler:
                 sampled[req.slot] = greedy[i]
                 continue
             try:
-                gen = self.generator(req.request_id, p.seed)
-                sampled[req.slot] = self.sample_row(logits[i], p, gen)
+                sampled[req.slot] = self.choose(logits[i], req, req.num_tokens)
             except Exception as exc:  # one bad row must not sink the batch
                 errors[req.slot] = f"sampling failed: {exc}"
         found: dict[int, TokenLogprob] = {}
@@ -136,8 +173,10 @@ class Sampler:
         return frozenset(stopped)
 
     @staticmethod
-    def sample_row(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator) -> int:
-        # logits: [vocab]; filtering order follows the common servers: top-k, top-p, min-p.
+    def sample_row(logits: torch.Tensor, p: SamplingParams, u: float) -> int:
+        """logits: [vocab] -> the token where `u` (in [0, 1)) falls in the cumulative
+        distribution, in vocabulary order, after temperature and the filters; filtering
+        order follows the common servers: top-k, top-p, min-p."""
         logits = logits.float().cpu()
         logits = (logits - logits.max()) / p.temperature  # <= 0 everywhere: no overflow
         if 0 < p.top_k < logits.shape[0]:
@@ -145,17 +184,28 @@ class Sampler:
             logits = logits.masked_fill(logits < kth, float("-inf"))
         probs = torch.softmax(logits, dim=-1)
         if p.top_p < 1.0:
-            sorted_probs, order = probs.sort(descending=True)
-            before = sorted_probs.cumsum(0) - sorted_probs  # mass of strictly better tokens
-            remove = before >= p.top_p
-            remove[0] = False  # the best token always stays, however small top_p is
-            sorted_probs[remove] = 0.0
-            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+            probs = nucleus(probs, p.top_p)
         if p.min_p > 0.0:
             probs[probs < p.min_p * probs.max()] = 0.0
         if not torch.isfinite(probs).all() or probs.sum() <= 0:
             raise ValueError("sampling produced no valid token (non-finite logits)")
-        return int(torch.multinomial(probs, 1, generator=gen))
+        cdf = probs.cumsum(0)
+        index = int(torch.searchsorted(cdf, cdf[-1] * u, right=True))
+        return min(index, probs.shape[0] - 1)
+
+
+def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """probs with every token outside the smallest set of best tokens whose mass reaches
+    top_p set to 0 (the best token always stays). The best few are looked at first: when
+    they hold top_p, the rest cannot be in the set, and nothing needs sorting."""
+    k = min(NUCLEUS_FIRST_LOOK, probs.shape[0])
+    values, order = torch.topk(probs, k)
+    if k < probs.shape[0] and float(values.sum()) < top_p:
+        values, order = probs.sort(descending=True)
+    before = values.cumsum(0) - values  # mass of strictly better tokens
+    keep = before < top_p
+    keep[0] = True  # the best token always stays, however small top_p is
+    return torch.zeros_like(probs).scatter_(0, order[keep], values[keep])
 
 
 def _forbid_unless_alone(words: torch.Tensor, token_ids: frozenset[int]) -> None:

@@ -5,7 +5,8 @@ followed them then are a likely continuation now: an agent quoting a file it rea
 that rewrites most of a file unchanged, code repeating an identifier. The engine feeds such
 a draft through the model with the request's next input in one row of the step (each
 position's logits computed as a plain decode step would compute them) and keeps the longest
-prefix the model would have produced anyway, plus the model's own token after it. Greedy
+prefix the model would have produced anyway, plus the model's own token after it (for a
+sampled request: the tokens its seeded draws choose at those positions, sampler.py). The
 output is the same tokens with or without drafts; only the number of steps changes.
 
 No torch here: the scheduler asks for drafts while planning.

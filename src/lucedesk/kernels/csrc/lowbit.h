@@ -21,9 +21,9 @@ namespace {
 //     input 4 j + e (a VNNI lane takes four inputs of one channel); at 4 bits byte p holds
 //     value p in its low nibble and value p + 256 in its high one;
 //   d, m [N/16, K/32, 16] float32.
-// Activations: row r's group g is xd[r, g] * xq[r, g, :] with xq in -127..127 and
-// xs[r, g] = sum(xq[r, g, :]). Then
-//   y[r, n] = sum over groups, in order, of fma(m, xd * xs, fma(isum, d * xd, acc))
+// Activations: row r's group g is xd[r, g] * xq[r, g, :] with xq in -127..127, and
+// xs[r, g] = xd[r, g] * sum(xq[r, g, :]). Then
+//   y[r, n] = sum over groups, in order, of fma(m, xs, fma(isum, d * xd, acc))
 // with isum = sum(level * xq) exact: every row's result is the same whatever its batch, and
 // the vector and plain paths give the same bits.
 
@@ -32,14 +32,14 @@ constexpr int64_t kRowsAtOnce = 8;
 
 struct RowsQ8 {
   std::vector<int8_t> q;
-  std::vector<float> d;
-  std::vector<int32_t> s;
+  std::vector<float> d;  // xd
+  std::vector<float> s;  // xs: xd times the sum of the group's levels
 };
 
 RowsQ8 quantize_rows(const c10::BFloat16* x, int64_t M, int64_t K) {
   const int64_t groups = K / 32;
   RowsQ8 out{std::vector<int8_t>(M * K), std::vector<float>(M * groups),
-             std::vector<int32_t>(M * groups)};
+             std::vector<float>(M * groups)};
   at::parallel_for(0, M * groups, 64, [&](int64_t begin, int64_t end) {
     float v[32];
     for (int64_t g = begin; g < end; ++g) {
@@ -54,7 +54,7 @@ RowsQ8 quantize_rows(const c10::BFloat16* x, int64_t M, int64_t K) {
         sum += level;
       }
       out.d[g] = amax / 127.f;
-      out.s[g] = sum;
+      out.s[g] = out.d[g] * static_cast<float>(sum);
     }
   });
   return out;
@@ -77,7 +77,7 @@ void block_rows_plain(const uint8_t* q, const float* d, const float* m, int64_t 
     for (int64_t c = 0; c < chunks; ++c) {
       const uint8_t* chunk = q + c * kChunk;
       const float dx = x.d[(row0 + r) * chunks + c];
-      const float sx = dx * static_cast<float>(x.s[(row0 + r) * chunks + c]);
+      const float sx = x.s[(row0 + r) * chunks + c];
       for (int64_t ch = 0; ch < 16; ++ch) {
         int32_t isum = 0;
         for (int64_t j = 0; j < 8; ++j)
@@ -92,13 +92,17 @@ void block_rows_plain(const uint8_t* q, const float* d, const float* m, int64_t 
 }
 
 #if defined(LUCEDESK_VNNI)
-template <int Bits>
+// Rows is a compile-time count so that each row's sums stay in registers.
+template <int Bits, int Rows>
 void block_rows_vnni(const uint8_t* q, const float* d, const float* m, int64_t chunks,
-                     const RowsQ8& x, int64_t row0, int64_t rows, int64_t K, float* out) {
+                     const RowsQ8& x, int64_t row0, int64_t K, float* out) {
   constexpr int64_t kChunk = 512 * Bits / 8;
   const __m512i low_bits = _mm512_set1_epi8(0x0F);
-  __m512 acc[kRowsAtOnce];
-  for (int64_t r = 0; r < rows; ++r) acc[r] = _mm512_setzero_ps();
+  const int8_t* xq = x.q.data() + row0 * K;
+  const float* xd = x.d.data() + row0 * chunks;
+  const float* xs = x.s.data() + row0 * chunks;
+  __m512 acc[Rows];
+  for (int r = 0; r < Rows; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t c = 0; c < chunks; ++c) {
     const uint8_t* chunk = q + c * kChunk;
     __m512i w[8];
@@ -111,25 +115,38 @@ void block_rows_vnni(const uint8_t* q, const float* d, const float* m, int64_t c
         w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low_bits);
       }
     }
-    const __m512 dw = _mm512_loadu_ps(d + c * 16), mw = _mm512_loadu_ps(m + c * 16);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int8_t* xr = x.q.data() + (row0 + r) * K + 32 * c;
-      __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
-      for (int j = 0; j < 8; j += 2) {
-        int32_t a, b;
-        std::memcpy(&a, xr + 4 * j, 4);
-        std::memcpy(&b, xr + 4 * j + 4, 4);
-        even = _mm512_dpbusd_epi32(even, w[j], _mm512_set1_epi32(a));
-        odd = _mm512_dpbusd_epi32(odd, w[j + 1], _mm512_set1_epi32(b));
+    __m512i isum[Rows];
+    for (int r = 0; r < Rows; ++r) isum[r] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; ++j) {
+      for (int r = 0; r < Rows; ++r) {
+        int32_t quad;
+        std::memcpy(&quad, xq + r * K + 32 * c + 4 * j, 4);
+        isum[r] = _mm512_dpbusd_epi32(isum[r], w[j], _mm512_set1_epi32(quad));
       }
-      const float dx = x.d[(row0 + r) * chunks + c];
-      const float sx = dx * static_cast<float>(x.s[(row0 + r) * chunks + c]);
-      const __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));
-      acc[r] = _mm512_fmadd_ps(isum, _mm512_mul_ps(dw, _mm512_set1_ps(dx)), acc[r]);
-      acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx), acc[r]);
+    }
+    const __m512 dw = _mm512_loadu_ps(d + c * 16), mw = _mm512_loadu_ps(m + c * 16);
+    for (int r = 0; r < Rows; ++r) {
+      const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(xd[r * chunks + c]));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), scale, acc[r]);
+      acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs[r * chunks + c]), acc[r]);
     }
   }
-  for (int64_t r = 0; r < rows; ++r) _mm512_storeu_ps(out + 16 * r, acc[r]);
+  for (int r = 0; r < Rows; ++r) _mm512_storeu_ps(out + 16 * r, acc[r]);
+}
+
+template <int Bits>
+void block_rows_vnni(const uint8_t* q, const float* d, const float* m, int64_t chunks,
+                     const RowsQ8& x, int64_t row0, int64_t rows, int64_t K, float* out) {
+  switch (rows) {
+    case 1: return block_rows_vnni<Bits, 1>(q, d, m, chunks, x, row0, K, out);
+    case 2: return block_rows_vnni<Bits, 2>(q, d, m, chunks, x, row0, K, out);
+    case 3: return block_rows_vnni<Bits, 3>(q, d, m, chunks, x, row0, K, out);
+    case 4: return block_rows_vnni<Bits, 4>(q, d, m, chunks, x, row0, K, out);
+    case 5: return block_rows_vnni<Bits, 5>(q, d, m, chunks, x, row0, K, out);
+    case 6: return block_rows_vnni<Bits, 6>(q, d, m, chunks, x, row0, K, out);
+    case 7: return block_rows_vnni<Bits, 7>(q, d, m, chunks, x, row0, K, out);
+    default: return block_rows_vnni<Bits, 8>(q, d, m, chunks, x, row0, K, out);
+  }
 }
 #endif
 
