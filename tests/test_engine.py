@@ -230,8 +230,8 @@ def test_weight_formats_follow_the_model_and_kernels(tiny_llama):
 
 
 def test_no_sampler_state_outlives_its_request(loaded):
-    """Seeded sampling keeps a generator per request; every one is dropped once its request
-    is done, the last batch's included (no later request is needed to clear them)."""
+    """Sampling keeps a base seed per request; every one is dropped once its request is
+    done, the last batch's included (no later request is needed to clear them)."""
     engine = make_engine(loaded, max_slots=4, kv_pool_tokens=4096).start()
     sampler = engine.seq_engine.sampler
     try:
@@ -239,7 +239,7 @@ def test_no_sampler_state_outlives_its_request(loaded):
         handles = [engine.submit(prompt(loaded), p) for p in params]
         outs = [h.result(timeout=30).token_ids for h in handles]
         assert len({tuple(o) for o in outs}) > 1  # the seeds do differ
-        wait_until(lambda: not sampler._generators, 5)
+        wait_until(lambda: not sampler._bases, 5)
     finally:
         engine.shutdown()
 

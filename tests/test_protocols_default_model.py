@@ -256,14 +256,17 @@ def test_ollama_list_show_ps(olla, oai):
 
 
 def test_ollama_chat_generate_and_format(olla):
-    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    # Not the bare "What is the capital of France?": there the 135M model's first token is a
+    # close call (0.09 logits apart in fp32), and the file's own 4-bit weights (as llama.cpp
+    # runs them too) start "L'Étoile" where bf16-rounded weights start "The capital".
+    messages = [{"role": "user", "content": "Which city is the capital of France?"}]
     options = {"temperature": 0, "num_predict": 30}
     whole = olla.chat(model="default", messages=messages, options=options)
     assert whole.done and "Paris" in whole.message.content
     parts = list(olla.chat(model="default", messages=messages, options=options, stream=True))
     assert parts[-1].done and parts[-1].eval_count == whole.eval_count
     assert "".join(p.message.content for p in parts) == whole.message.content
-    gen = olla.generate(model="default", prompt="What is the capital of France?", options=options)
+    gen = olla.generate(model="default", prompt=messages[0]["content"], options=options)
     assert "Paris" in gen.response and gen.prompt_eval_count > 0
     schema = {
         "type": "object",
