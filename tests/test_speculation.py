@@ -96,6 +96,28 @@ def test_drafts_change_no_sampled_token_batched_or_alone(tiny_models, kernels):
     assert run_alone(loaded, jobs, kernels) == run_alone(loaded, jobs, kernels, prompt_lookup=True)
 
 
+def test_drafts_change_no_constrained_token(tiny_models):
+    """Grammar rows (a long regex, a JSON schema), greedy and seeded: each draft position is
+    masked after the kept tokens before it, so the tokens are those without drafts, alone."""
+    from lucedesk.engine import Grammar
+    from tests.test_constrained import LONG, SCHEMA
+
+    loaded = load_model(tiny_models["qwen3"], torch.float32)
+    jobs = []
+    for i, job in enumerate(repetitive_jobs(loaded, 10, 8)):
+        grammar = Grammar.regex(LONG) if i % 2 else Grammar.json_schema(SCHEMA)
+        params = dataclasses.replace(job.params, grammar=grammar, max_tokens=64)
+        if i % 3 == 0:
+            params = dataclasses.replace(params, temperature=0.7, seed=i)
+        jobs.append(dataclasses.replace(job, params=params))
+    config = dict(TIGHT, max_num_batched_tokens=48, prefill_chunk_idle=32)
+    config["kv_pool_tokens"] = 23 * 16
+    engine = make_engine(loaded, prompt_lookup=True, **config)
+    batched = run_jobs(engine, jobs)
+    assert engine.scheduler.num_accepted_tokens > 0
+    assert batched == run_alone(loaded, jobs)
+
+
 def test_drafts_keep_every_answer_with_stop_strings_and_stop_tokens(tiny_models):
     """A stop string or stop token inside a step's accepted draft ends the request exactly
     where it ends without drafts: the same text, tokens and finish reason."""

@@ -214,7 +214,7 @@ class Engine:
         self.scheduler.check_fits(req)
         config = self.scheduler.config
         speculate = config.prompt_lookup if params.speculative is None else params.speculative
-        if speculate and params.grammar is None and params.logprobs is None:
+        if speculate and params.logprobs is None:
             req.lookup, req.draft_limit = PromptLookup(), config.prompt_lookup_tokens
         if params.grammar is not None:
             req.matcher = self.grammars.matcher(params.grammar)

@@ -43,7 +43,7 @@ class SamplingParams:
     grammar: Grammar | None = None  # the output must match it (constrained decoding)
     logprobs: int | None = None  # None: off; N: each token's logprob and the N most likely
     # Prompt-lookup drafts (speculation.py): None = the engine's default. Requests without
-    # a grammar or logprobs take them; the tokens are the same either way.
+    # logprobs take them; the tokens are the same either way.
     speculative: bool | None = None
 
     @property

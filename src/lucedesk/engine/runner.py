@@ -125,16 +125,19 @@ class TorchSeqEngine:
                 result = self.sampler.sample(logits[plain], sampling)
             if not drafts:
                 return result
-            # Draft rows have no grammar and no logprobs (the engine's rule).
+            # Draft rows ask for no logprobs (the engine's rule).
             accepted = {}
+            stopped = set(result.stopped)
             for first, i in drafts:
                 row = plan.rows[i]
                 rows = logits[first : first + row.num_tokens]
                 try:
-                    kept, token = self.sampler.verify(rows, row.request, row.draft)
+                    kept, token, done = self.sampler.verify(rows, row.request, row.draft)
                 except Exception as exc:  # one bad row must not sink the batch
                     result.errors[row.request.slot] = f"sampling failed: {exc}"
                     continue
                 result.sampled[row.request.slot] = token
                 accepted[row.request.slot] = kept
-            return result._replace(accepted=accepted)
+                if done:
+                    stopped.add(row.request.slot)
+            return result._replace(accepted=accepted, stopped=frozenset(stopped))

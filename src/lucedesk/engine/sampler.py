@@ -58,19 +58,37 @@ class Sampler:
 
     def verify(
         self, logits: torch.Tensor, req: Request, draft: tuple[int, ...]
-    ) -> tuple[tuple[int, ...], int]:
+    ) -> tuple[tuple[int, ...], int, bool]:
         """A draft row's outcome: logits [len(draft) + 1, vocab] for the row's input and each
-        draft token. Returns (the draft tokens kept, the token after them): the longest
-        prefix of the draft that the tokens chosen position by position agree with, as
-        choosing without a draft would have chosen them. For a sampled row this is the
-        standard rule for a draft of fixed tokens: draft token d is kept with probability
-        p(d), and otherwise the token is drawn from p without d."""
+        draft token. Returns (the draft tokens kept, the token after them, whether the
+        grammar is complete with it): the longest prefix of the draft that the tokens
+        chosen position by position agree with, as choosing without a draft would have
+        chosen them. For a sampled row this is the standard rule for a draft of fixed
+        tokens: draft token d is kept with probability p(d), and otherwise the token is
+        drawn from p without d. A grammar row is masked and fed one position at a time."""
         n = req.num_tokens
-        greedy = logits.argmax(dim=-1).tolist() if req.params.greedy else None
+        if req.matcher is None and req.params.greedy:
+            greedy = logits.argmax(dim=-1).tolist()
+            kept = 0
+            while kept < len(draft) and draft[kept] == greedy[kept]:
+                kept += 1
+            return draft[:kept], greedy[kept], False
         for j in range(len(draft) + 1):
-            token = greedy[j] if greedy is not None else self.choose(logits[j], req, n + j)
-            if j == len(draft) or token != draft[j]:
-                return draft[:j], token
+            row = logits[j : j + 1]
+            if req.matcher is not None:
+                errors: dict[int, str] = {}
+                row = row.clone()
+                self._apply_masks(row, [req], [0], errors)
+                if errors:
+                    raise ValueError(errors[req.slot])
+            token = self.choose(row[0], req, n + j)
+            stopped = False
+            if req.matcher is not None:
+                if not req.matcher.consume_token(token) or req.matcher.is_error():
+                    raise ValueError(f"grammar rejected token {token}: {req.matcher.get_error()}")
+                stopped = req.matcher.is_stopped()
+            if stopped or j == len(draft) or token != draft[j]:
+                return draft[:j], token, stopped
         raise AssertionError("unreachable")
 
     def sample(self, logits: torch.Tensor, requests: list[Request]) -> StepResult:
