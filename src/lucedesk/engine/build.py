@@ -245,7 +245,7 @@ def _first_type(model: LlamaModel) -> str | None:
 def _four_bit_file(model: LlamaModel) -> bool:
     """Whether the file holds the first layer's projections in a 4-bit type."""
     source = model.four_bit_source
-    return source is not None and source(0, "gate_up_proj").groups is not None
+    return source is not None and source(0, "gate_up_proj").four_bit
 
 
 def _int8_maker() -> Callable[[int | None, str, torch.Tensor], Projection]:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import mmap
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,10 +88,22 @@ class TensorInfo:
     nbytes: int
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(frozen=True)
 class FourBitBlocks:
-    type_name: str  # the (first) part's GGUF type
-    groups: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # levels, d, m
+    """One fused projection's blocks; read and decoded only when `groups` is asked for, so
+    checking a file's types costs nothing."""
+
+    type_name: str  # the first part not in a 4-bit type, else the first part's
+    decode: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None
+
+    @property
+    def four_bit(self) -> bool:
+        return self.decode is not None
+
+    @functools.cached_property
+    def groups(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(levels, d, m), or None when a part is not in a 4-bit type."""
+        return None if self.decode is None else self.decode()
 
 
 class _Cursor:
@@ -288,6 +302,11 @@ class GGUFFile:
         other = [t.type_name for t in infos if t.type_name not in FOUR_BIT_TYPES]
         if other:
             return FourBitBlocks(other[0], None)
+        return FourBitBlocks(infos[0].type_name, lambda: self._four_bit_groups(config, infos))
+
+    def _four_bit_groups(
+        self, config: ModelConfig, infos: list[TensorInfo]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         parts = []
         for t in infos:
             raw = np.frombuffer(self._map, np.uint8, t.nbytes, t.offset)
@@ -301,7 +320,7 @@ class GGUFFile:
                 levels, d, m = (unpermute(x, heads) for x in (levels, d, m))
             parts.append((levels, d, m))
         levels, d, m = (torch.cat(x).contiguous() for x in zip(*parts))
-        return FourBitBlocks(infos[0].type_name, (levels, d, m))
+        return levels, d, m
 
     def weights(self, config: ModelConfig) -> dict[str, torch.Tensor]:
         """Every model tensor, dequantized, under its HF name, with llama.cpp's rotary row
