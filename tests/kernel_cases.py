@@ -92,3 +92,54 @@ def rotary_inputs(rows, heads, kv_heads, head_dim, dtype, seed=0, device="cpu"):
     emb = torch.cat((freqs, freqs), -1)
     cos, sin = emb.cos().to(dtype).to(device), emb.sin().to(dtype).to(device)
     return qkv, q, k, cos, sin
+
+
+# Sliding windows and attention sinks: (gqa ratio, head_dim, dtype, block_size, seqs, window,
+# sinks). Windows shorter and longer than a block, over contexts shorter and longer than the
+# window, decode rows and prompt chunks (a chunk's early rows see keys its late rows do not).
+WINDOW_CASES = [
+    (1, 64, torch.float32, 16, [(0, 1), (5, 1), (300, 1), (20, 40)], 8, False),
+    (4, 64, torch.float32, 16, [(130, 1), (7, 1), (90, 33), (0, 70)], 50, True),
+    (2, 128, torch.float32, 32, [(1000, 1), (3, 1), (600, 9)], 0, True),
+    (2, 64, torch.bfloat16, 16, [(200, 1), (31, 1), (100, 20)], 17, True),
+    (8, 64, torch.bfloat16, 16, [(64, 1), (15, 1), (48, 30)], 64, False),
+    (1, 256, torch.float32, 32, [(40, 1), (700, 1), (0, 50)], 33, True),
+]
+
+
+def random_sinks(num_heads: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(num_heads, generator=g) * 2).to(DEVICE)
+
+
+def naive_attention(q, k_cache, v_cache, meta, scale, window=0, sinks=None) -> torch.Tensor:
+    """Row by row in float64, straight from the definitions: the reference the torch
+    implementation itself is checked against."""
+    kv_heads, _, block_size, head_dim = k_cache.shape
+    num_heads = q.shape[1]
+    group = num_heads // kv_heads
+    out = torch.empty(q.shape, dtype=torch.float64)
+    row = 0
+    for i in range(meta.num_seqs):
+        qlen = meta.query_start_cpu[i + 1] - meta.query_start_cpu[i]
+        seq_len = meta.seq_lens_cpu[i]
+        table = meta.block_tables[i].tolist()
+        for offset in range(qlen):
+            pos = seq_len - qlen + offset
+            first = max(0, pos - window + 1) if window else 0
+            keys = range(first, pos + 1)
+            for h in range(num_heads):
+                kvh = h // group
+                k = torch.stack(
+                    [k_cache[kvh, table[j // block_size], j % block_size] for j in keys]
+                ).double()
+                v = torch.stack(
+                    [v_cache[kvh, table[j // block_size], j % block_size] for j in keys]
+                ).double()
+                s = (k @ q[row, h].double()) * scale
+                if sinks is not None:
+                    s = torch.cat([s, sinks[h : h + 1].double()])
+                p = torch.softmax(s, 0)[: len(keys)]
+                out[row, h] = p @ v
+            row += 1
+    return out

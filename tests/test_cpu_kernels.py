@@ -18,8 +18,11 @@ from tests.kernel_cases import (
     LAYER_CASES,
     ROTARY_CASES,
     TOL,
+    WINDOW_CASES,
     layer_inputs,
     make_batch,
+    naive_attention,
+    random_sinks,
     rotary_inputs,
 )
 
@@ -35,6 +38,36 @@ def test_paged_attention_matches_reference(ratio, head_dim, dtype, block_size, s
     scale = head_dim**-0.5
     got = paged_attention_cpu(q, k_cache, v_cache, meta, scale)
     want = paged_attention_torch(q.float(), k_cache.float(), v_cache.float(), meta, scale)
+    torch.testing.assert_close(got.float(), want, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+def window_case(ratio, head_dim, dtype, block_size, seqs, window, sinks):
+    kv_heads = 2
+    k_cache, v_cache, meta = make_batch(
+        window + head_dim, block_size, seqs, kv_heads, head_dim, dtype
+    )
+    g = torch.Generator().manual_seed(window)
+    q = torch.randn(meta.num_tokens, kv_heads * ratio, head_dim, generator=g).to(dtype)
+    sink = random_sinks(kv_heads * ratio, window) if sinks else None
+    return q, k_cache, v_cache, meta, head_dim**-0.5, window, sink
+
+
+@pytest.mark.parametrize("case", WINDOW_CASES[:4])
+def test_torch_reference_windows_and_sinks_follow_the_definition(case):
+    q, k_cache, v_cache, meta, scale, window, sink = window_case(*case)
+    f32 = [t.float() for t in (q, k_cache, v_cache)]
+    got = paged_attention_torch(*f32, meta, scale, window, sink)
+    want = naive_attention(*f32, meta, scale, window, sink)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("case", WINDOW_CASES)
+def test_windows_and_sinks_match_reference(case):
+    q, k_cache, v_cache, meta, scale, window, sink = window_case(*case)
+    dtype = q.dtype
+    got = paged_attention_cpu(q, k_cache, v_cache, meta, scale, window, sink)
+    f32 = [t.float() for t in (q, k_cache, v_cache)]
+    want = paged_attention_torch(*f32, meta, scale, window, sink)
     torch.testing.assert_close(got.float(), want, atol=TOL[dtype], rtol=TOL[dtype])
 
 

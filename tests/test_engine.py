@@ -221,9 +221,10 @@ def test_weight_formats_follow_the_model_and_kernels(tiny_llama):
     with pytest.raises(ConfigError, match="load it again"):
         apply_weight_format(bf16.model, "dtype", "cpu")
     # Matmul inputs not in whole groups of 32: auto keeps bf16, int8 says why it cannot.
-    from lucedesk.engine.models.llama import LlamaModel, ModelConfig
+    from lucedesk.engine.models.config import ModelConfig
+    from lucedesk.engine.models.decoder import DecoderModel
 
-    odd = LlamaModel(ModelConfig("llama", 64, 48, 96, 1, 2, 1, 24), torch.bfloat16)
+    odd = DecoderModel(ModelConfig("llama", 64, 48, 96, 1, 2, 1, 24), torch.bfloat16)
     assert apply_weight_format(odd, "auto", "cpu") == "dtype"
     with pytest.raises(ConfigError, match="multiples of 32"):
         apply_weight_format(odd, "int8", "cpu")

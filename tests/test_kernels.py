@@ -28,8 +28,10 @@ from tests.kernel_cases import (
     LAYER_CASES,
     ROTARY_CASES,
     TOL,
+    WINDOW_CASES,
     layer_inputs,
     make_batch,
+    random_sinks,
     rotary_inputs,
 )
 
@@ -157,3 +159,20 @@ def test_bf16_runs_the_emulated_path_only_in_the_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert not interpreting_bf16(torch.bfloat16)
     assert not interpreting_bf16(torch.float16) and not interpreting_bf16(torch.float32)
+
+
+@pytest.mark.parametrize("ratio,head_dim,dtype,block_size,seqs,window,sinks", WINDOW_CASES)
+def test_windows_and_sinks_match_reference(ratio, head_dim, dtype, block_size, seqs, window, sinks):
+    kv_heads = 2
+    k_cache, v_cache, meta = make_batch(
+        window + head_dim, block_size, seqs, kv_heads, head_dim, dtype
+    )
+    g = torch.Generator().manual_seed(window)
+    q = torch.randn(meta.num_tokens, kv_heads * ratio, head_dim, generator=g).to(dtype).to(DEVICE)
+    sink = random_sinks(kv_heads * ratio, window) if sinks else None
+    scale = head_dim**-0.5
+    got = paged_attention(q, k_cache, v_cache, meta, scale, window, sink)
+    want = paged_attention_torch(
+        q.float(), k_cache.float(), v_cache.float(), meta, scale, window, sink
+    )
+    torch.testing.assert_close(got.float(), want, atol=TOL[dtype], rtol=TOL[dtype])

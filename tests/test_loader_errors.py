@@ -74,8 +74,8 @@ def test_unsupported_architecture_folder(tiny_llama, tmp_path):
 
 
 def test_unsupported_quant_type(tmp_path):
-    path = write_gguf(tmp_path / "q.gguf", {"attn_q": Q.Q5_0}, **SMALL)
-    with pytest.raises(ModelLoadError, match=r"tensor 'blk\.0\.attn_q\.weight' has type Q5_0"):
+    path = write_gguf(tmp_path / "q.gguf", {"attn_q": Q.TQ2_0}, hidden=256, intermediate=256)
+    with pytest.raises(ModelLoadError, match=r"tensor 'blk\.0\.attn_q\.weight' has type TQ2_0"):
         load_model(path)
 
 

@@ -1,4 +1,4 @@
-"""4- and 8-bit weights (kernels/cpu.py LowBitWeight, csrc/lowbit.h) and the `q4` format:
+"""4- and 8-bit weights (kernels/lowbit.py LowBitWeight, csrc/lowbit.h) and the `q4` format:
 the kernels against a torch reference of their arithmetic, the VNNI and plain paths giving
 the same bits, rows independent of their batch, GGUF 4-bit blocks taken exactly, and an
 engine on them giving each request its tokens alone."""
@@ -14,10 +14,11 @@ from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
 from lucedesk.engine.build import apply_weight_format
-from lucedesk.engine.models.gguf_file import four_bit_groups
+from lucedesk.engine.models.gguf_blocks import four_bit_groups
 from lucedesk.engine.models.loader import load_model
 from lucedesk.errors import ConfigError
-from lucedesk.kernels.cpu import LowBitWeight, lowbit_vector_available
+from lucedesk.kernels.cpu import lowbit_vector_available
+from lucedesk.kernels.lowbit import LowBitWeight
 from tests.engine_harness import make_engine, random_jobs, run_alone, run_jobs
 from tests.gguf_writer import random_k_quant, write_gguf
 
@@ -146,7 +147,7 @@ def four_bit_gguf(tmp_path_factory):
 def test_q4_takes_the_files_blocks_exactly(four_bit_gguf, caplog):
     loaded = load_model(four_bit_gguf, torch.bfloat16)
     model = loaded.model
-    before = {p: getattr(model.layers[1], p).clone() for p in ("qkv_proj", "gate_up_proj")}
+    before = {p: model.layers[1].projections()[p].clone() for p in ("qkv_proj", "gate_up_proj")}
     ids = torch.randint(0, loaded.config.vocab_size, (24,), generator=torch.Generator())
     plain = logits(loaded, ids)
     with caplog.at_level(logging.INFO, logger="lucedesk.engine.build"):
@@ -164,11 +165,11 @@ def test_q4_takes_the_files_blocks_exactly(four_bit_gguf, caplog):
 
 
 def logits(loaded, ids: torch.Tensor) -> torch.Tensor:
-    from lucedesk.engine.models.llama import CausalAttention
+    from lucedesk.engine.models.decoder import CausalAttention
 
     model = loaded.model
     with torch.inference_mode():
-        hidden = model(ids, torch.arange(len(ids)), CausalAttention(loaded.config.head_dim))
+        hidden = model(ids, torch.arange(len(ids)), CausalAttention(loaded.config))
         return model.compute_logits(hidden)
 
 

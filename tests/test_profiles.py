@@ -8,7 +8,7 @@ import torch
 from lucedesk import profile
 from lucedesk.config import EngineConfig
 from lucedesk.engine.build import derive_pool_tokens, kv_bytes_per_token
-from lucedesk.engine.models.llama import ModelConfig
+from lucedesk.engine.models.config import ModelConfig
 from lucedesk.engine.models.loader import load_model
 from lucedesk.engine.request import FinishReason, SamplingParams
 from lucedesk.errors import ConfigError

@@ -14,7 +14,13 @@ import torch
 
 from lucedesk.config import EngineConfig
 from lucedesk.engine.engine import Engine, ModelInfo
-from lucedesk.engine.models.llama import LlamaModel, ModelConfig, Projection
+from lucedesk.engine.models.config import ModelConfig
+from lucedesk.engine.models.decoder import DecoderModel, Projection
+from lucedesk.engine.models.expert_weights import (
+    experts_fit,
+    materialize_dense,
+    quantize_experts,
+)
 from lucedesk.engine.models.loader import LoadedModel, load_model
 from lucedesk.engine.runner import TorchSeqEngine
 from lucedesk.engine.scheduler import Scheduler
@@ -103,7 +109,8 @@ def build_engine(model_path: str | Path, config: EngineConfig) -> BuiltEngine:
     dtype = resolve_dtype(config.dtype, device)
     if config.num_threads and device.type == "cpu":
         torch.set_num_threads(config.num_threads)
-    loaded = load_model(model_path, dtype)
+    # A GGUF mixture's experts stay in the file until their format is chosen (assemble).
+    loaded = load_model(model_path, dtype, lazy_experts=True)
     loaded.model.to(device)
     return assemble(loaded, config, device)
 
@@ -184,7 +191,7 @@ def assemble(loaded: LoadedModel, config: EngineConfig, device: torch.device) ->
     return BuiltEngine(engine, loaded, device, model.dtype, pool_tokens, kernels, weights)
 
 
-def apply_weight_format(model: LlamaModel, wanted: str, kernels: str) -> str:
+def apply_weight_format(model: DecoderModel, wanted: str, kernels: str) -> str:
     """Puts the matmul weights in the configured format; returns the format in use.
 
     Decode streams every weight each step, so fewer bytes a weight is speed. Both formats
@@ -194,15 +201,17 @@ def apply_weight_format(model: LlamaModel, wanted: str, kernels: str) -> str:
       naming the type;
     - int8: an affine scale per 32 inputs, 1.25 bytes a weight.
     `auto` takes q4 for a 4-bit file where the VNNI kernels run, else int8 where AMX tiles
-    or VNNI run it fast, else the model dtype."""
-    from lucedesk.kernels.cpu import LowBitWeight, int8_tiles_available, lowbit_vector_available
+    or VNNI run it fast, else the model dtype. A mixture's experts take the same format
+    (expert_weights.py: the file's own 4-bit, MXFP4 or Q8_0 levels where it has them)."""
+    from lucedesk.kernels.cpu import int8_tiles_available, lowbit_vector_available
+    from lucedesk.kernels.lowbit import LowBitWeight
 
     usable = kernels == "cpu" and model.dtype == torch.bfloat16
     weights = model.projection_weights()
     if wanted == "auto" and model.weight_format != "dtype":
         wanted = model.weight_format  # already chosen (an engine rebuilt on the same weights)
     if wanted == "auto":
-        whole = all(LowBitWeight.fits(tuple(w.shape)) for w in weights)
+        whole = all(LowBitWeight.fits(tuple(w.shape)) for w in weights) and experts_fit(model)
         if usable and whole and lowbit_vector_available() and _four_bit_file(model):
             wanted = "q4"
         elif usable and whole and (int8_tiles_available() or lowbit_vector_available()):
@@ -210,6 +219,8 @@ def apply_weight_format(model: LlamaModel, wanted: str, kernels: str) -> str:
         else:
             wanted = "dtype"
     if wanted == model.weight_format:
+        if wanted == "dtype" and model.expert_source is not None:
+            materialize_dense(model)  # experts left in the file until now
         return wanted
     if wanted not in ("int8", "q4"):
         raise ConfigError(
@@ -221,6 +232,7 @@ def apply_weight_format(model: LlamaModel, wanted: str, kernels: str) -> str:
             f"(kernels {kernels}, dtype {str(model.dtype).removeprefix('torch.')})"
         )
     odd = [tuple(w.shape) for w in weights if w.shape[1] % LowBitWeight.GROUP]
+    odd += [] if experts_fit(model) else ["experts' weights"]
     if odd:
         raise ConfigError(
             f"weights {wanted!r} need matmul inputs in multiples of {LowBitWeight.GROUP} "
@@ -233,29 +245,32 @@ def apply_weight_format(model: LlamaModel, wanted: str, kernels: str) -> str:
         )
     started = time.perf_counter()
     model.quantize(wanted, _q4_maker(model) if wanted == "q4" else _int8_maker())
+    quantize_experts(model, wanted)
     log.info("weights held as %s in %.1f s", wanted, time.perf_counter() - started)
     return wanted
 
 
-def _first_type(model: LlamaModel) -> str | None:
+def _first_type(model: DecoderModel) -> str | None:
+    """The type of the first layer's MLP weights in the file (its experts' in a mixture)."""
+    if model.layers[0].moe is not None and model.expert_source is not None:
+        return model.expert_source.type_name(0, "gate_up")
     source = model.four_bit_source
     return None if source is None else source(0, "gate_up_proj").type_name
 
 
-def _four_bit_file(model: LlamaModel) -> bool:
-    """Whether the file holds the first layer's projections in a 4-bit type."""
+def _four_bit_file(model: DecoderModel) -> bool:
+    """Whether the file holds the first layer's MLP weights in a 4-bit type."""
+    if model.layers[0].moe is not None:
+        first = model.expert_source and model.expert_source.levels(0, "gate_up", 0)
+        return bool(first) and first.bits == 4
     source = model.four_bit_source
     return source is not None and source(0, "gate_up_proj").four_bit
 
 
 def _int8_maker() -> Callable[[int | None, str, torch.Tensor], Projection]:
     """int8: AMX tiles where the CPU has them, else the VNNI kernels at 8 bits, else loops."""
-    from lucedesk.kernels.cpu import (
-        Int8Weight,
-        LowBitWeight,
-        int8_tiles_available,
-        lowbit_vector_available,
-    )
+    from lucedesk.kernels.cpu import Int8Weight, int8_tiles_available, lowbit_vector_available
+    from lucedesk.kernels.lowbit import LowBitWeight
 
     def make(layer: int | None, proj: str, w: torch.Tensor) -> Projection:
         if not int8_tiles_available() and lowbit_vector_available() and LowBitWeight.fits(w.shape):
@@ -265,10 +280,11 @@ def _int8_maker() -> Callable[[int | None, str, torch.Tensor], Projection]:
     return make
 
 
-def _q4_maker(model: LlamaModel) -> Callable[[int | None, str, torch.Tensor], Projection]:
+def _q4_maker(model: DecoderModel) -> Callable[[int | None, str, torch.Tensor], Projection]:
     """q4: each weight from the file's 4-bit blocks; any other at 8 bits, reported once
     (the LM head comes last) by type."""
-    from lucedesk.kernels.cpu import Int8Weight, LowBitWeight
+    from lucedesk.kernels.cpu import Int8Weight
+    from lucedesk.kernels.lowbit import LowBitWeight
 
     source = model.four_bit_source
     assert source is not None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from lucedesk.engine.models.llama import LlamaModel
+from lucedesk.engine.models.decoder import DecoderModel
 from lucedesk.engine.sampler import Sampler
 from lucedesk.engine.scheduler import StepPlan
 from lucedesk.engine.seq_engine import StepResult
@@ -31,17 +31,23 @@ class PagedAttention:
         self.scale = scale
 
     def __call__(
-        self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+        self,
+        layer_idx: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        window: int = 0,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         k_cache, v_cache = self.k_caches[layer_idx], self.v_caches[layer_idx]
         self.kernels.write_kv(k, v, k_cache, v_cache, self.meta.slot_mapping)
-        return self.kernels.attention(q, k_cache, v_cache, self.meta, self.scale)
+        return self.kernels.attention(q, k_cache, v_cache, self.meta, self.scale, window, sinks)
 
 
 class TorchSeqEngine:
     def __init__(
         self,
-        model: LlamaModel,
+        model: DecoderModel,
         num_blocks: int,
         block_size: int,
         kernels: str = "torch",
@@ -58,7 +64,7 @@ class TorchSeqEngine:
         shape = (c.num_kv_heads, num_blocks, block_size, c.head_dim)
         self.k_caches = [torch.zeros(shape, dtype=model.dtype, device=device) for _ in model.layers]
         self.v_caches = [torch.zeros(shape, dtype=model.dtype, device=device) for _ in model.layers]
-        self.scale = c.head_dim**-0.5
+        self.scale = c.attention_scale
         self.sampler = Sampler()
 
     def forget(self, request_ids: list[str]) -> None:

@@ -31,6 +31,8 @@ class Kernels(NamedTuple):
     add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     # (q, k, cos, sin) -> (q, k) rotated; may rotate in place
     rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    # (x [P, K] sorted by expert, weight [E, N, K], counts [E]) -> [P, N]: experts' matmuls
+    grouped_linear: Callable[..., torch.Tensor]
 
 
 def resolve_kernels(name: str, device: torch.device) -> str:
@@ -52,10 +54,16 @@ def resolve_kernels(name: str, device: torch.device) -> str:
 def get_kernels(name: str) -> Kernels:
     from lucedesk.kernels.attention_torch import paged_attention_torch, write_kv_torch
     from lucedesk.kernels.layers_torch import add_rms_norm_torch, rotary_torch
+    from lucedesk.kernels.moe_torch import grouped_linear_torch
 
     if name == "torch":
         return Kernels(
-            "torch", write_kv_torch, paged_attention_torch, add_rms_norm_torch, rotary_torch
+            "torch",
+            write_kv_torch,
+            paged_attention_torch,
+            add_rms_norm_torch,
+            rotary_torch,
+            grouped_linear_torch,
         )
     if name == "cpu":
         from lucedesk.kernels.cpu import (
@@ -70,12 +78,24 @@ def get_kernels(name: str) -> Kernels:
             load_cpu_ops()
         except KernelUnavailable as exc:
             raise ConfigError(f"kernels 'cpu': {exc}") from None
-        return Kernels("cpu", write_kv_torch, paged_attention_cpu, add_rms_norm_cpu, rotary_cpu)
+        # Experts in the model dtype multiply through torch; low-bit experts bring their own
+        # grouped C++ pass (kernels/lowbit.py).
+        return Kernels(
+            "cpu",
+            write_kv_torch,
+            paged_attention_cpu,
+            add_rms_norm_cpu,
+            rotary_cpu,
+            grouped_linear_torch,
+        )
     if name == "triton":
         try:
             from lucedesk.kernels.attention_triton import paged_attention, write_kv
             from lucedesk.kernels.layers_triton import add_rms_norm_triton, rotary_triton
+            from lucedesk.kernels.moe_triton import grouped_linear
         except ImportError as exc:
             raise ConfigError(f"kernels 'triton' need the triton package ({exc})") from None
-        return Kernels("triton", write_kv, paged_attention, add_rms_norm_triton, rotary_triton)
+        return Kernels(
+            "triton", write_kv, paged_attention, add_rms_norm_triton, rotary_triton, grouped_linear
+        )
     raise ConfigError(f"unknown kernels {name!r} (one of {', '.join(KERNEL_CHOICES)})")

@@ -12,6 +12,10 @@ so no copy is needed between the gather and the matmuls.
 
 A step's rows are ordered decode rows first (one query each), then prompt chunks, each
 chunk the next `query_len` positions of its sequence.
+
+Two variants every implementation takes: a sliding `window` (a row at position p sees keys
+p - window + 1 .. p; 0 = all keys) and attention `sinks` (float32 [num_heads]: one learned
+logit per head that joins each softmax's denominator and adds no value, as gpt-oss has).
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ def paged_attention_torch(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim].
 
@@ -50,8 +56,8 @@ def paged_attention_torch(
     out = torch.empty_like(q)
     nd = meta.num_decodes
     if nd:
-        out[:nd] = _decode(q[:nd], k_cache, v_cache, meta, scale)
-    prefill_chunks(q, k_cache, v_cache, meta, scale, out)
+        out[:nd] = _decode(q[:nd], k_cache, v_cache, meta, scale, window, sinks)
+    prefill_chunks(q, k_cache, v_cache, meta, scale, out, window, sinks)
     return out
 
 
@@ -62,13 +68,17 @@ def prefill_chunks(
     meta: AttentionMetadata,
     scale: float,
     out: torch.Tensor,
+    window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """Attention for the step's prompt chunks (the sequences after the decodes), into `out`."""
     for i in range(meta.num_decodes, meta.num_seqs):
         start, end = meta.query_start_cpu[i], meta.query_start_cpu[i + 1]
-        out[start:end] = _prefill(
-            q[start:end], k_cache, v_cache, meta.block_tables[i], meta.seq_lens_cpu[i], scale
-        )
+        args = (q[start:end], k_cache, v_cache, meta.block_tables[i], meta.seq_lens_cpu[i], scale)
+        if window or sinks is not None:
+            out[start:end] = _prefill_masked(*args, window, sinks)
+        else:
+            out[start:end] = _prefill(*args)
 
 
 def _gather(cache: torch.Tensor, block_table: torch.Tensor, num_blocks: int) -> torch.Tensor:
@@ -83,6 +93,8 @@ def _decode(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     # q: [D, nh, hd]; one query per sequence, grouped by KV head so K/V are never repeated.
     nd = meta.num_decodes
@@ -96,10 +108,22 @@ def _decode(
     scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * scale  # [kvh, D, g, L]
     positions = torch.arange(keys.shape[2], device=q.device)
     invalid = positions[None, :] >= meta.seq_lens[:nd, None]  # [D, L]
+    if window:  # the row sits at seq_len - 1 and sees the last `window` keys
+        invalid |= positions[None, :] < meta.seq_lens[:nd, None] - window
     scores.masked_fill_(invalid[None, :, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(q.dtype)
+    sink = None if sinks is None else sinks.float().view(kv_heads, 1, nh // kv_heads, 1)
+    probs = softmax_with_sinks(scores, sink).to(q.dtype)
     out = torch.matmul(probs, values)  # [kvh, D, g, hd]
     return out.transpose(0, 1).reshape(D, nh, hd)
+
+
+def softmax_with_sinks(scores: torch.Tensor, sink: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the last axis; a sink logit (broadcast to scores[..., :1]) joins each
+    denominator and takes no share of the values."""
+    if sink is None:
+        return torch.softmax(scores, dim=-1)
+    sink = sink.expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
 
 
 def _prefill(
@@ -139,11 +163,68 @@ def _prefill(
     return out[0].transpose(0, 1)
 
 
+def _prefill_masked(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_len: int,
+    scale: float,
+    window: int,
+    sinks: torch.Tensor | None,
+) -> torch.Tensor:
+    # A chunk with a sliding window or sinks, which SDPA has no form for: explicit scores
+    # over only the keys some row of the chunk can see.
+    block_size = k_cache.shape[2]
+    n = q.shape[0]
+    first = max(0, seq_len - n - window + 1) if window else 0
+    nb = -(-seq_len // block_size)
+    keys = _gather(k_cache, block_table, nb)[:, first:seq_len]  # [kvh, L, hd]
+    values = _gather(v_cache, block_table, nb)[:, first:seq_len]
+    query_pos = torch.arange(seq_len - n, seq_len, device=q.device)
+    return attend(q, keys, values, query_pos, first, scale, window, sinks)
+
+
+def attend(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    query_pos: torch.Tensor,
+    first_key_pos: int,
+    scale: float,
+    window: int = 0,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """q: [n, nh, hd] at positions query_pos [n]; keys/values: [kvh, L, hd] at positions
+    first_key_pos.. -> [n, nh, hd]. Causal, windowed and with sinks as asked."""
+    n, nh, hd = q.shape
+    kvh, length = keys.shape[0], keys.shape[1]
+    qg = q.view(n, kvh, nh // kvh, hd).permute(1, 2, 0, 3)  # [kvh, g, n, hd]
+    scores = torch.matmul(qg, keys[:, None].transpose(-1, -2)).float() * scale  # [kvh, g, n, L]
+    key_pos = torch.arange(first_key_pos, first_key_pos + length, device=q.device)
+    hidden = key_pos[None, :] > query_pos[:, None]  # [n, L]
+    if window:
+        hidden |= key_pos[None, :] <= query_pos[:, None] - window
+    scores.masked_fill_(hidden, float("-inf"))
+    sink = None if sinks is None else sinks.float().view(kvh, nh // kvh, 1, 1)
+    probs = softmax_with_sinks(scores, sink).to(q.dtype)
+    out = torch.matmul(probs, values[:, None])  # [kvh, g, n, hd]
+    return out.permute(2, 0, 1, 3).reshape(n, nh, hd)
+
+
 def causal_attention_torch(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Dense causal attention for one whole sequence, no cache: the plain reference.
     q: [n, nh, hd], k/v: [n, kvh, hd] -> [n, nh, hd]."""
+    if window or sinks is not None:
+        positions = torch.arange(q.shape[0], device=q.device)
+        return attend(q, k.transpose(0, 1), v.transpose(0, 1), positions, 0, scale, window, sinks)
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1),
         k.transpose(0, 1),

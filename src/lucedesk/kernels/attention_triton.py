@@ -68,6 +68,7 @@ def _attention_split_kernel(
     q_stride_t,
     q_stride_h,
     scale,
+    window,
     num_heads,
     num_blocks,
     max_blocks_per_seq,
@@ -85,10 +86,11 @@ def _attention_split_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq = tl.load(row_seq_ptr + row)
-    pos = tl.load(row_pos_ptr + row)  # this row's position: it sees keys 0..pos
+    pos = tl.load(row_pos_ptr + row)  # this row's position: it sees keys first_key..pos
+    first_key = tl.where(window > 0, tl.maximum(pos - window + 1, 0), 0)
     num_seq_blocks = pos // BLOCK_SIZE + 1
-    first = split * BLOCKS_PER_SPLIT
-    last = tl.minimum(first + BLOCKS_PER_SPLIT, num_seq_blocks)
+    first = tl.maximum(split * BLOCKS_PER_SPLIT, first_key // BLOCK_SIZE)
+    last = tl.minimum(split * BLOCKS_PER_SPLIT + BLOCKS_PER_SPLIT, num_seq_blocks)
 
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, HEAD_DIM)
@@ -111,7 +113,7 @@ def _attention_split_kernel(
         k = tl.load(k_cache_ptr + rows[:, None] * HEAD_DIM + d[None, :]).to(DOT_DTYPE)
         v = tl.load(v_cache_ptr + rows[:, None] * HEAD_DIM + d[None, :]).to(DOT_DTYPE)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [GROUP_PAD, BS]
-        visible = (b * BLOCK_SIZE + s) <= pos
+        visible = ((b * BLOCK_SIZE + s) <= pos) & ((b * BLOCK_SIZE + s) >= first_key)
         scores = tl.where(visible[None, :], scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, 1))
         alpha = tl.exp(m - m_new)
@@ -133,11 +135,13 @@ def _attention_reduce_kernel(
     part_acc_ptr,
     part_m_ptr,
     part_l_ptr,
+    sinks_ptr,
     out_ptr,
     num_heads,
     num_splits,
     HEAD_DIM: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     row = tl.program_id(0)
     head = tl.program_id(1)
@@ -151,9 +155,14 @@ def _attention_reduce_kernel(
         part_acc_ptr + (base + sp)[:, None] * HEAD_DIM + d[None, :], mask=valid[:, None], other=0.0
     )
     m_all = tl.max(m, 0)
+    if HAS_SINKS:  # the head's sink logit joins the denominator, with no value
+        sink = tl.load(sinks_ptr + head)
+        m_all = tl.maximum(m_all, sink)
     # Splits past this row's context hold m = -inf and contribute nothing.
     w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_all))
     total = tl.sum(l_sum * w, 0)
+    if HAS_SINKS:
+        total += tl.exp(sink - m_all)
     o = tl.sum(acc * w[:, None], 0) / total
     tl.store(out_ptr + (row * num_heads + head) * HEAD_DIM + d, o.to(out_ptr.dtype.element_ty))
 
@@ -268,10 +277,17 @@ def row_positions(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
     return seq.to(torch.int32), pos.to(torch.int32)
 
 
-def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+def paged_attention(
+    q, k_cache, v_cache, meta: AttentionMetadata, scale: float, window: int = 0, sinks=None
+) -> torch.Tensor:
     """q: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim]. q may be a
-    view into the fused qkv projection (rows strided, head_dim contiguous)."""
+    view into the fused qkv projection (rows strided, head_dim contiguous). A row sees the
+    last `window` keys (0: all); `sinks` (float32 [num_heads]) join each softmax."""
     _check_rows("q", q)
+    if window < 0:
+        raise ValueError(f"window must be >= 0, got {window}")
+    if sinks is not None and (sinks.dtype != torch.float32 or sinks.shape != (q.shape[1],)):
+        raise ValueError(f"sinks must be float32 [{q.shape[1]}], got {tuple(sinks.shape)}")
     if q.dtype != k_cache.dtype:
         raise ValueError(f"q must be {k_cache.dtype}, got {q.dtype}")
     _check_cache(q, k_cache, v_cache)
@@ -304,6 +320,7 @@ def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) 
         q.stride(0),
         q.stride(1),
         scale,
+        window,
         num_heads,
         num_blocks,
         block_tables.shape[1],
@@ -323,10 +340,12 @@ def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) 
         part_acc,
         part_m,
         part_l,
+        part_m if sinks is None else sinks.contiguous(),
         out,
         num_heads,
         splits,
         HEAD_DIM=head_dim,
         SPLITS_PAD=max(2, triton.next_power_of_2(splits)),
+        HAS_SINKS=sinks is not None,
     )
     return out

@@ -177,18 +177,35 @@ def paged_attention_cpu(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Same contract as `paged_attention_torch`: decode rows in C++ over the blocks in
     place; prompt chunks through torch's SDPA (compute-bound, where oneDNN's matmuls win)."""
     _check_inputs(q, k_cache, v_cache)
     require(q.shape[0] == meta.num_tokens, f"q has {q.shape[0]} rows, the step {meta.num_tokens}")
+    require(window >= 0, f"window must be >= 0, got {window}")
+    if sinks is not None:
+        require(
+            sinks.dtype == torch.float32 and sinks.shape == (q.shape[1],),
+            f"sinks must be float32 [{q.shape[1]}], got {sinks.dtype} {tuple(sinks.shape)}",
+        )
+        sinks = sinks.contiguous()
     out = torch.empty(q.shape, dtype=q.dtype)
     nd = meta.num_decodes
     if nd:
         load_cpu_ops().paged_decode_attention(
-            out[:nd], q[:nd], k_cache, v_cache, meta.block_tables, meta.seq_lens, scale
+            out[:nd],
+            q[:nd],
+            k_cache,
+            v_cache,
+            meta.block_tables,
+            meta.seq_lens,
+            scale,
+            window,
+            sinks,
         )
-    prefill_chunks(q, k_cache, v_cache, meta, scale, out)
+    prefill_chunks(q, k_cache, v_cache, meta, scale, out, window, sinks)
     return out
 
 
@@ -310,91 +327,3 @@ def lowbit_vector_available() -> bool:
         return bool(load_cpu_ops().lowbit_vector_available())
     except KernelUnavailable:
         return False
-
-
-class LowBitWeight:
-    """A [N, K] weight held as 4- or 8-bit levels with an affine scale per group of 32
-    inputs, w = d * level + m: at 4 bits exactly how llama.cpp's Q4_0, Q4_1 and Q4_K
-    blocks hold it (taken from the file, never re-quantized); at 8 bits any weight to
-    within 1/510 of its group's range.
-
-    Multiplied in C++ (csrc/lowbit.h) with the activations quantized per row to int8, one
-    scale per 32 inputs, and each group's dot product in exact integer arithmetic
-    (AVX512-VNNI where the CPU has it, plain loops elsewhere, the same bits either way):
-    the weights are never widened in memory, and a decode step reads 0.75 (4-bit) or 1.25
-    (8-bit) bytes a weight. Each row's result is independent of its batch."""
-
-    GROUP = 32
-
-    @classmethod
-    def fits(cls, shape: tuple[int, ...]) -> bool:
-        n, k = shape
-        return k % cls.GROUP == 0 and n % 16 == 0
-
-    def __init__(
-        self,
-        levels: torch.Tensor,
-        d: torch.Tensor,
-        m: torch.Tensor,
-        bits: int,
-        vector: bool | None = None,
-    ) -> None:
-        """levels: uint8 [N, K] below 2**bits; d, m: float32 [N, K / 32]. `vector`: the
-        VNNI path or the plain loops (default: VNNI where available)."""
-        ops = load_cpu_ops()
-        n, k = levels.shape
-        require(bits in (4, 8), f"bits must be 4 or 8, got {bits}")
-        require(self.fits((n, k)), f"low-bit weights need N % 16 == 0 and K % 32 == 0, got {n}x{k}")
-        require(levels.dtype == torch.uint8, f"levels must be uint8, got {levels.dtype}")
-        require(
-            tuple(d.shape) == tuple(m.shape) == (n, k // self.GROUP),
-            f"group scales must be [{n}, {k // self.GROUP}], got {tuple(d.shape)}",
-        )
-        self.shape, self.bits = (n, k), bits
-        # [N/16, 16 channels, K/32, 8 quads, 4] -> [N/16, K/32, 8 quads, 16 channels, 4]
-        v = levels.view(n // 16, 16, k // 32, 8, 4).permute(0, 2, 3, 1, 4).reshape(-1, 512)
-        if bits == 4:
-            require(int(levels.max()) < 16 if levels.numel() else True, "4-bit levels exceed 15")
-            v = v[:, :256] | (v[:, 256:] << 4)
-        self.q = v.reshape(n // 16, k // 32, 64 * bits).contiguous()
-        self.d = d.float().reshape(n // 16, 16, k // 32).transpose(1, 2).contiguous()
-        self.m = m.float().reshape(n // 16, 16, k // 32).transpose(1, 2).contiguous()
-        self.vector = lowbit_vector_available() if vector is None else vector
-        self._ops = ops
-
-    @classmethod
-    def from_float(cls, weight: torch.Tensor, vector: bool | None = None) -> LowBitWeight:
-        """Any [N, K] weight as 8-bit levels (see `quantize_groups`)."""
-        n, k = weight.shape
-        require(k % cls.GROUP == 0, f"low-bit weights need inputs in groups of 32, got {k}")
-        parts = [
-            quantize_groups(rows.float().view(-1, k // cls.GROUP, cls.GROUP))
-            for rows in weight.detach().split(Int8Weight.ROWS_AT_ONCE)
-        ]
-        q, d, m = (torch.cat(t) for t in zip(*parts))
-        levels = (q.to(torch.int16) + 128).to(torch.uint8).view(n, k)
-        return cls(levels, d, m - 128 * d, bits=8, vector=vector)
-
-    @property
-    def nbytes(self) -> int:
-        return self.q.numel() + (self.d.numel() + self.m.numel()) * 4
-
-    def levels(self) -> torch.Tensor:
-        """The levels back in [N, K] order."""
-        n, k = self.shape
-        v = torch.cat([self.q & 0x0F, self.q >> 4], dim=-1) if self.bits == 4 else self.q
-        return v.reshape(n // 16, k // 32, 8, 16, 4).permute(0, 3, 1, 2, 4).reshape(n, k)
-
-    def dequantize(self) -> torch.Tensor:
-        """[N, K] float32: d * level + m."""
-        n, k = self.shape
-        d = self.d.transpose(1, 2).reshape(n, -1, 1)
-        m = self.m.transpose(1, 2).reshape(n, -1, 1)
-        return (self.levels().float().view(n, -1, 32) * d + m).view(n, k)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [M, K] bfloat16 -> [M, N] bfloat16."""
-        require(x.dtype == torch.bfloat16, f"low-bit weights take bfloat16 inputs, got {x.dtype}")
-        return self._ops.lowbit_linear(
-            x.contiguous(), self.q, self.d, self.m, self.bits, self.vector
-        )

@@ -1,4 +1,6 @@
-"""Reading llama.cpp GGUF files: model config, dequantized weights (HF names), tokenizer spec."""
+"""Reading llama.cpp GGUF files: model config, dequantized weights (the shared names of
+family.py), the 4-bit blocks of the dense projections, and each expert's slice of a mixture's
+3-D expert tensors."""
 
 from __future__ import annotations
 
@@ -15,14 +17,34 @@ from typing import Any
 import numpy as np
 import torch
 
-from lucedesk.engine.models.llama import ModelConfig
+from lucedesk.engine.models.config import ModelConfig
+from lucedesk.engine.models.families import BY_GGUF_ARCH
+from lucedesk.engine.models.family import Family
+from lucedesk.engine.models.gguf_blocks import FOUR_BIT_TYPES, Levels, block_levels
 from lucedesk.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
-FOUR_BIT_TYPES = ("Q4_0", "Q4_1", "Q4_K")  # kept as 4-bit levels by `weights = "q4"`
+SUPPORTED_TYPES = (
+    "F32",
+    "F16",
+    "BF16",
+    "Q8_0",
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "Q4_K",
+    "Q5_K",
+    "Q6_K",
+    "MXFP4",
+)
+# A mixture's experts: one 3-D tensor per projection, [experts, rows, cols] in PyTorch order
+# (gate and up apart, or fused with the gate rows first).
+EXPERT_PARTS = {
+    "gate_up": (("ffn_gate_exps", "ffn_up_exps"), ("ffn_gate_up_exps",)),
+    "down": (("ffn_down_exps",),),
+}
 
 # The GGUF tensors behind each fused projection (see llama.py), in their order there.
 PROJECTION_PARTS = {
@@ -32,7 +54,7 @@ PROJECTION_PARTS = {
     "down_proj": ("ffn_down",),
 }
 
-# GGUF tensor name -> Hugging Face name ("{i}" is the layer index).
+# GGUF layer tensor role -> shared name (family.py; "{i}" is the layer index).
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
@@ -45,6 +67,11 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.router",
+    "ffn_gate_exps": "mlp.experts.gate",  # biases only: expert weights stay in the file
+    "ffn_up_exps": "mlp.experts.up",
+    "ffn_gate_up_exps": "mlp.experts.gate_up",
+    "ffn_down_exps": "mlp.experts.down",
 }
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -53,13 +80,22 @@ _GLOBAL_NAMES = {
 }
 
 
-def hf_name(gguf_name: str) -> str | None:
+def hf_name(gguf_name: str, family: Family | None = None) -> str | None:
+    """The shared name of a GGUF tensor (None for tensors read elsewhere: rope_freqs, and
+    expert weights, which stay in the file until a format is chosen)."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     parts = gguf_name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
-    return None
+    if len(parts) != 4 or parts[0] != "blk":
+        return None
+    _, layer, role, kind = parts
+    prefix = f"model.layers.{layer}."
+    if role == "attn_sinks":
+        return prefix + "self_attn.sinks"
+    if role.endswith("_exps"):  # [E, rows] biases; the weights are an ExpertSource's
+        return prefix + _LAYER_NAMES[role] + "_bias" if kind == "bias" else None
+    names = {**_LAYER_NAMES, **(family.gguf_names if family else {})}
+    return f"{prefix}{names[role]}.{kind}" if role in names else None
 
 
 _SCALARS = {
@@ -210,15 +246,20 @@ class GGUFFile:
     @property
     def architecture(self) -> str:
         arch = self.require("general.architecture")
-        if arch not in SUPPORTED_ARCHITECTURES:
+        if arch not in BY_GGUF_ARCH:
             raise ModelLoadError(
                 f"{self.path}: unsupported architecture {arch!r} "
-                f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+                f"(supported: {', '.join(BY_GGUF_ARCH)})"
             )
         return arch
 
+    @property
+    def family(self) -> Family:
+        return BY_GGUF_ARCH[self.architecture]
+
     def model_config(self) -> ModelConfig:
         arch = self.architecture
+        family = self.family
         k = f"{arch}."
         hidden = int(self.require(k + "embedding_length"))
         heads = int(self.require(k + "attention.head_count"))
@@ -235,24 +276,35 @@ class GGUFFile:
                 "rope_type": "linear",
                 "factor": float(self.get(k + "rope.scaling.factor")),
             }
-        return ModelConfig(
-            architecture=arch,
-            vocab_size=int(vocab),
-            hidden_size=hidden,
-            intermediate_size=int(self.require(k + "feed_forward_length")),
-            num_layers=int(self.require(k + "block_count")),
-            num_heads=heads,
-            num_kv_heads=kv_heads,
-            head_dim=head_dim,
-            rms_norm_eps=float(self.get(k + "attention.layer_norm_rms_epsilon", 1e-5)),
-            rope_theta=float(self.get(k + "rope.freq_base", 10000.0)),
-            rope_scaling=rope_scaling,
-            max_position_embeddings=int(self.get(k + "context_length", 4096)),
-            tie_word_embeddings="output.weight" not in names,
-            attention_bias=arch == "qwen2",
-            qk_norm=arch == "qwen3",
-            name=str(self.get("general.name", self.path.stem)),
-        )
+        try:
+            config = family.from_gguf(
+                self,
+                ModelConfig(
+                    architecture=family.name,
+                    vocab_size=int(vocab),
+                    hidden_size=hidden,
+                    intermediate_size=int(self.get(k + "feed_forward_length") or 0),
+                    num_layers=int(self.require(k + "block_count")),
+                    num_heads=heads,
+                    num_kv_heads=kv_heads,
+                    head_dim=head_dim,
+                    rms_norm_eps=float(self.get(k + "attention.layer_norm_rms_epsilon", 1e-5)),
+                    rope_theta=float(self.get(k + "rope.freq_base", 10000.0)),
+                    rope_scaling=rope_scaling,
+                    max_position_embeddings=int(self.get(k + "context_length", 4096)),
+                    tie_word_embeddings="output.weight" not in names,
+                    name=str(self.get("general.name", self.path.stem)),
+                ),
+            )
+        except (TypeError, ValueError) as exc:
+            raise ModelLoadError(f"{self.path}: invalid metadata ({exc})") from None
+        if config.is_moe:  # a layer without a router has a dense MLP
+            dense = (
+                i for i in range(config.num_layers) if f"blk.{i}.ffn_gate_inp.weight" not in names
+            )
+            config.dense_layers = tuple(dense)
+        config.check(str(self.path))
+        return config
 
     def tensor(self, name: str) -> torch.Tensor:
         """One tensor dequantized to float32, in PyTorch's [rows, cols] order."""
@@ -293,6 +345,32 @@ class GGUFFile:
             raise ModelLoadError(f"{self.path}: missing tensor {missing[0]!r}")
         return [self.tensors[n] for n in names]
 
+    def expert_tensors(self, layer: int, proj: str) -> list[TensorInfo]:
+        """The 3-D tensors of one layer's experts for "gate_up" (gate then up) or "down"."""
+        for parts in EXPERT_PARTS[proj]:
+            names = [f"blk.{layer}.{part}.weight" for part in parts]
+            if all(n in self.tensors for n in names):
+                return [self.tensors[n] for n in names]
+        raise ModelLoadError(
+            f"{self.path}: missing tensor 'blk.{layer}.{EXPERT_PARTS[proj][0][0]}.weight'"
+        )
+
+    def expert_slice(self, t: TensorInfo, expert: int) -> np.ndarray:
+        """One expert's raw blocks of a 3-D expert tensor."""
+        per_expert = t.nbytes // t.shape[0]
+        return np.frombuffer(self._map, np.uint8, per_expert, t.offset + expert * per_expert)
+
+    def expert_levels(self, t: TensorInfo, expert: int) -> Levels:
+        return block_levels(self.expert_slice(t, expert), t.type_name)
+
+    def dequantize_expert(self, t: TensorInfo, expert: int) -> torch.Tensor:
+        """One expert's [rows, cols] weight in float32."""
+        per_expert = t.nbytes // t.shape[0]
+        offset = t.offset + expert * per_expert
+        return self._dequantize(
+            TensorInfo(t.name, t.shape[1:], t.type_name, t.type_id, offset, per_expert)
+        )
+
     def four_bit(self, config: ModelConfig, layer: int | None, proj: str) -> FourBitBlocks:
         """One fused projection as 4-bit levels with an affine scale per group of 32
         inputs: (levels uint8 [N, K] in 0..15, d and m float32 [N, K / 32]) with
@@ -310,12 +388,10 @@ class GGUFFile:
         parts = []
         for t in infos:
             raw = np.frombuffer(self._map, np.uint8, t.nbytes, t.offset)
-            levels, d, m = (torch.from_numpy(a) for a in four_bit_groups(raw, t.type_name))
+            levels, d, m = (torch.from_numpy(a) for a in block_levels(raw, t.type_name)[:3])
             rows, cols = t.shape
             levels, d, m = levels.view(rows, cols), d.view(rows, -1), m.view(rows, -1)
-            if config.architecture == "llama" and t.name.endswith(
-                ("attn_q.weight", "attn_k.weight")
-            ):
+            if self.family.permuted_qk and t.name.endswith(("attn_q.weight", "attn_k.weight")):
                 heads = config.num_heads if "attn_q" in t.name else config.num_kv_heads
                 levels, d, m = (unpermute(x, heads) for x in (levels, d, m))
             parts.append((levels, d, m))
@@ -323,20 +399,28 @@ class GGUFFile:
         return levels, d, m
 
     def weights(self, config: ModelConfig) -> dict[str, torch.Tensor]:
-        """Every model tensor, dequantized, under its HF name, with llama.cpp's rotary row
-        permutation of q/k undone (only the llama architecture is permuted by its converter)."""
+        """Every model tensor but the experts' weights, dequantized, under its shared name,
+        with llama.cpp's rotary row permutation of q/k undone (only the llama architecture
+        is permuted by its converter)."""
+        family = self.family
         out: dict[str, torch.Tensor] = {}
         for t in self.tensors.values():
-            name = hf_name(t.name)
+            name = hf_name(t.name, family)
             if name is None:
-                continue  # rope_freqs and other tensors read elsewhere
+                continue
             w = self._dequantize(t)
-            if config.architecture == "llama":
+            if family.permuted_qk:
                 if name.endswith("q_proj.weight"):
                     w = unpermute(w, config.num_heads)
                 elif name.endswith("k_proj.weight"):
                     w = unpermute(w, config.num_kv_heads)
             out[name] = w
+        for i in range(config.num_layers):  # gate and up expert biases, fused as the weights
+            p = f"model.layers.{i}.mlp.experts."
+            if p + "gate_bias" in out and p + "up_bias" in out:
+                out[p + "gate_up_bias"] = torch.cat(
+                    [out.pop(p + "gate_bias"), out.pop(p + "up_bias")], -1
+                )
         return out
 
 
@@ -352,37 +436,3 @@ def unpermute(w: torch.Tensor, num_heads: int) -> torch.Tensor:
         .swapaxes(1, 2)
         .reshape(w.shape)
     )
-
-
-def four_bit_groups(raw: np.ndarray, type_name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Blocks of a 4-bit type -> (levels uint8 [values], d, m float32 [values / 32]) with
-    value = d * level + m, level in 0..15, in the tensor's value order.
-
-    Q4_0 (18 bytes / 32): fp16 d, 16 bytes of nibbles; value = d * (level - 8).
-    Q4_1 (20 bytes / 32): fp16 d and m; value = d * level + m.
-    Q4_K (144 bytes / 256): fp16 d and dmin, 12 bytes of 6-bit scales and mins for eight
-    groups of 32, 128 bytes of nibbles; value = d * scale * level - dmin * min.
-    In Q4_0 and Q4_1 a block's byte j holds value j (low nibble) and j + 16 (high); in
-    Q4_K each 32 bytes hold two groups, the low nibbles the first."""
-    if type_name in ("Q4_0", "Q4_1"):
-        blocks = raw.reshape(-1, 18 if type_name == "Q4_0" else 20)
-        d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)[:, 0]
-        if type_name == "Q4_0":
-            m, qs = -8 * d, blocks[:, 2:]
-        else:
-            m, qs = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)[:, 0], blocks[:, 4:]
-        levels = np.concatenate([qs & 0x0F, qs >> 4], axis=1)
-        return levels.reshape(-1), d, m
-    if type_name == "Q4_K":
-        from gguf.quants import Q4_K
-
-        blocks = raw.reshape(-1, 144)
-        d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
-        dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
-        scales, mins = Q4_K.get_scale_min(blocks[:, 4:16].copy())
-        qs = blocks[:, 16:].reshape(-1, 4, 1, 32)
-        levels = np.concatenate([qs & 0x0F, qs >> 4], axis=2)  # [blocks, 4, 2, 32]
-        group_d = d * scales.astype(np.float32)
-        group_m = -(dmin * mins.astype(np.float32))
-        return levels.reshape(-1), group_d.reshape(-1), group_m.reshape(-1)
-    raise ValueError(f"{type_name} is not a 4-bit type ({', '.join(FOUR_BIT_TYPES)})")

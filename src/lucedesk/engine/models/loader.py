@@ -12,18 +12,21 @@ from pathlib import Path
 import torch
 
 from lucedesk.engine.models import tokenizer as tok
+from lucedesk.engine.models.config import ModelConfig
+from lucedesk.engine.models.decoder import DecoderModel
+from lucedesk.engine.models.expert_weights import GGUFExperts, materialize_dense
+from lucedesk.engine.models.families import BY_HF_TYPE, BY_NAME
+from lucedesk.engine.models.family import Family
 from lucedesk.engine.models.gguf_file import GGUFFile
-from lucedesk.engine.models.llama import LlamaModel, ModelConfig, load_weights
+from lucedesk.engine.models.weights import load_weights
 from lucedesk.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
 
-HF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
-
 
 @dataclass(slots=True)
 class LoadedModel:
-    model: LlamaModel
+    model: DecoderModel
     tokenizer: tok.Tokenizer
     config: ModelConfig
     path: Path
@@ -32,12 +35,19 @@ class LoadedModel:
     quantization: str = ""  # GGUF file type (Q4_1, F16...) or the folder's torch_dtype
 
 
-def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> LoadedModel:
-    """A `.gguf` file or a Hugging Face folder (config.json, *.safetensors, tokenizer.json)."""
+def load_model(
+    path: str | Path, dtype: torch.dtype = torch.float32, lazy_experts: bool = False
+) -> LoadedModel:
+    """A `.gguf` file or a Hugging Face folder (config.json, *.safetensors, tokenizer.json).
+
+    A GGUF mixture of experts keeps its expert weights in the file with `lazy_experts`
+    until the engine picks their format (build.apply_weight_format); otherwise they are
+    read densely in `dtype` here."""
     path = Path(path).expanduser()
     started = time.perf_counter()
     if not path.exists():
         raise ModelLoadError(f"{path}: no such file or folder")
+    gguf = None
     if path.is_dir():
         config, weights, tokenizer = _read_hf_folder(path)
         name = path.name
@@ -51,13 +61,28 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> LoadedMo
         quantization = _gguf_file_type(gguf.get("general.file_type"))
     else:
         raise ModelLoadError(f"{path}: neither a .gguf file nor a Hugging Face folder")
-    model = LlamaModel(config, dtype)
-    load_weights(model, weights, str(path))
-    if not path.is_dir():
+    _family_defaults(tokenizer, BY_NAME[config.architecture])
+    model = DecoderModel(config, dtype)
+    if gguf is not None:
         model.four_bit_source = functools.partial(gguf.four_bit, config)
+        if config.is_moe:
+            model.expert_source = GGUFExperts(gguf)
+    load_weights(model, weights, str(path))
+    if model.expert_source is not None and not lazy_experts:
+        materialize_dense(model)
     model.eval()
     seconds = time.perf_counter() - started
     return LoadedModel(model, tokenizer, config, path, name, seconds, quantization)
+
+
+def _family_defaults(tokenizer: tok.Tokenizer, family: Family) -> None:
+    """The family's chat template where the file has none, and its end-of-turn tokens."""
+    if tokenizer.chat_template is None and family.chat_template is not None:
+        tokenizer.chat_template = family.chat_template
+    extra = [tokenizer.token_to_id(t) for t in family.stop_tokens]
+    tokenizer.stop_token_ids = tuple(
+        dict.fromkeys([*tokenizer.stop_token_ids, *(i for i in extra if i is not None)])
+    )
 
 
 def _gguf_file_type(value: object) -> str:
@@ -92,40 +117,46 @@ def hf_model_config(folder: Path) -> ModelConfig:
     except (OSError, json.JSONDecodeError) as exc:
         raise ModelLoadError(f"{path}: invalid JSON ({exc})") from None
     kind = raw.get("model_type")
-    if kind not in HF_ARCHITECTURES:
+    if kind not in BY_HF_TYPE:
         raise ModelLoadError(
-            f"{path}: unsupported model_type {kind!r} "
-            f"(supported: {', '.join(sorted(HF_ARCHITECTURES))})"
+            f"{path}: unsupported model_type {kind!r} (supported: {', '.join(sorted(BY_HF_TYPE))})"
         )
+    family = BY_HF_TYPE[kind]
     try:
         heads = int(raw["num_attention_heads"])
         hidden = int(raw["hidden_size"])
         rope = raw.get("rope_parameters") or {}
+        if "full_attention" in rope:  # one set per layer type: the family reads them
+            rope = rope["full_attention"] or {}
         rope_scaling = raw.get("rope_scaling") or (
             rope if rope.get("rope_type", "default") != "default" else None
         )
-        return ModelConfig(
-            architecture=HF_ARCHITECTURES[kind],
-            vocab_size=int(raw["vocab_size"]),
-            hidden_size=hidden,
-            intermediate_size=int(raw["intermediate_size"]),
-            num_layers=int(raw["num_hidden_layers"]),
-            num_heads=heads,
-            num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-            head_dim=int(raw.get("head_dim") or hidden // heads),
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(raw.get("rope_theta", rope.get("rope_theta", 10000.0))),
-            rope_scaling=rope_scaling,
-            max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            attention_bias=kind == "qwen2" or bool(raw.get("attention_bias", False)),
-            qk_norm=kind == "qwen3",
-            name=folder.name,
+        config = family.from_hf(
+            raw,
+            ModelConfig(
+                architecture=family.name,
+                vocab_size=int(raw["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(raw.get("intermediate_size") or 0),
+                num_layers=int(raw["num_hidden_layers"]),
+                num_heads=heads,
+                num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+                head_dim=int(raw.get("head_dim") or hidden // heads),
+                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+                rope_theta=float(raw.get("rope_theta", rope.get("rope_theta", 10000.0))),
+                rope_scaling=rope_scaling,
+                max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
+                tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+                attention_bias=bool(raw.get("attention_bias", False)),
+                name=folder.name,
+            ),
         )
     except KeyError as exc:
         raise ModelLoadError(f"{path}: missing key {exc.args[0]!r}") from None
     except (TypeError, ValueError) as exc:
         raise ModelLoadError(f"{path}: invalid value ({exc})") from None
+    config.check(str(path))
+    return config
 
 
 def _read_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], tok.Tokenizer]:
@@ -153,6 +184,7 @@ def _read_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, torch.Tensor],
             raise ModelLoadError(f"{f}: cannot be read ({exc})") from None
     if config.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
+    weights = BY_NAME[config.architecture].hf_weights(weights, config)
     return config, weights, tok.from_hf_folder(folder)
 
 

@@ -36,21 +36,22 @@ inline void scores16_bf16(const c10::BFloat16* q, const c10::BFloat16* kb, int64
 //   lo: e 0-3, 8-11, 16-19, 24-27    hi: e 4-7, 12-15, 20-23, 28-31
 // of each 32-wide slice; two permutes restore it at the end.
 inline void weighted_values_bf16(const float* p, const c10::BFloat16* vp, const int32_t* table,
-                                 int64_t head, int64_t num_blocks, int64_t bs, int64_t len,
-                                 int64_t hd, float inv_sum, c10::BFloat16* out) {
+                                 int64_t head, int64_t num_blocks, int64_t bs, int64_t begin,
+                                 int64_t len, int64_t hd, float inv_sum, c10::BFloat16* out) {
   const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
   const __m512i second =
       _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
   // (p[2i], p[2i + 1]) as one bf16 pair per 32 bits; blocks have an even number of rows,
   // so a pair never straddles two blocks.
+  // `begin` (a block's first row, so even) is the first value row with a weight.
   std::vector<int32_t> pairs((len + 1) / 2);
-  for (int64_t i = 0; i < len; i += 2) {
+  for (int64_t i = begin; i < len; i += 2) {
     const uint32_t upper = i + 1 < len ? c10::BFloat16(p[i + 1]).x : 0;
     pairs[i / 2] = static_cast<int32_t>(upper << 16 | c10::BFloat16(p[i]).x);
   }
   for (int64_t c = 0; c < hd; c += 32) {
     __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
-    for (int64_t j0 = 0; j0 < len; j0 += bs) {
+    for (int64_t j0 = begin; j0 < len; j0 += bs) {
       const c10::BFloat16* vb = vp + ((head * num_blocks + table[j0 / bs]) * bs) * hd + c;
       const int64_t rows = std::min(bs, len - j0);
       for (int64_t r = 0; r < rows; r += 2) {
@@ -75,9 +76,11 @@ inline void weighted_values_bf16(const float* p, const c10::BFloat16* vp, const 
 template <typename T>
 void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
                       const at::Tensor& v_cache, const at::Tensor& block_tables,
-                      const at::Tensor& seq_lens, double scale) {
+                      const at::Tensor& seq_lens, double scale, int64_t window,
+                      const float* sinks) {
   // q, out: [D, nh, hd] (head_dim contiguous); caches: [kvh, num_blocks, bs, hd] contiguous;
-  // block_tables: [>=D, max_blocks] int32 contiguous; seq_lens: [>=D] int32.
+  // block_tables: [>=D, max_blocks] int32 contiguous; seq_lens: [>=D] int32. A row sees the
+  // last `window` keys (0: all); sinks (nullable, [nh]) join each head's softmax denominator.
   const int64_t D = q.size(0), nh = q.size(1), hd = q.size(2);
   const int64_t kvh = k_cache.size(0), num_blocks = k_cache.size(1), bs = k_cache.size(2);
   const int64_t group = nh / kvh;
@@ -98,6 +101,10 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
       const int64_t row = task / kvh, head = task % kvh;
       const int64_t len = lens[row];
       const int32_t* table = tables + row * table_width;
+      // Keys first..len-1 are seen; blocks are walked from the one holding `first`, whose
+      // earlier rows get weight 0.
+      const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
+      const int64_t begin = first / bs * bs;
       scores.assign(group * len, 0.f);
       for (int64_t g = 0; g < group; ++g) {
         const T* src = qp + row * q_stride_row + (head * group + g) * q_stride_head;
@@ -110,7 +117,7 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
 #if defined(LUCEDESK_AVX512BF16)
       if constexpr (std::is_same_v<T, c10::BFloat16>) {
         if (hd % 32 == 0 && bs % 16 == 0) {
-          for (int64_t j0 = 0; j0 < len; j0 += 16) {
+          for (int64_t j0 = begin; j0 < len; j0 += 16) {
             const T* kb = kp + ((head * num_blocks + table[j0 / bs]) * bs + j0 % bs) * hd;
             for (int64_t g = 0; g < group; ++g) {
               const T* qg = qp + row * q_stride_row + (head * group + g) * q_stride_head;
@@ -122,7 +129,7 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
         }
       }
 #endif
-      for (int64_t j0 = 0; j0 < len && !scored; j0 += bs) {
+      for (int64_t j0 = begin; j0 < len && !scored; j0 += bs) {
         const int64_t rows = std::min(bs, len - j0);
         widen(kf.data(), kp + ((head * num_blocks + table[j0 / bs]) * bs) * hd, rows * hd);
         for (int64_t r = 0; r < rows; ++r) {
@@ -141,13 +148,17 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
         float* sg = scores.data() + g * len;
         float mx = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : mx)
-        for (int64_t j = 0; j < len; ++j) mx = sg[j] > mx ? sg[j] : mx;
+        for (int64_t j = first; j < len; ++j) mx = sg[j] > mx ? sg[j] : mx;
+        const float sink = sinks ? sinks[head * group + g] : 0.f;
+        if (sinks) mx = std::max(mx, sink);
         float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < len; ++j) {
+        for (int64_t j = first; j < len; ++j) {
           sg[j] = exp_nonpositive(sg[j] - mx);
           sum += sg[j];
         }
+        if (sinks) sum += exp_nonpositive(sink - mx);
+        std::fill(sg + begin, sg + first, 0.f);
         inv_sum[g] = 1.f / sum;
       }
 #if defined(LUCEDESK_AVX512BF16)
@@ -155,15 +166,15 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
         if (hd % 32 == 0) {
           for (int64_t g = 0; g < group; ++g) {
             T* dst = op + row * o_stride_row + (head * group + g) * o_stride_head;
-            weighted_values_bf16(scores.data() + g * len, vp, table, head, num_blocks, bs, len,
-                                 hd, inv_sum[g], dst);
+            weighted_values_bf16(scores.data() + g * len, vp, table, head, num_blocks, bs, begin,
+                                 len, hd, inv_sum[g], dst);
           }
           continue;
         }
       }
 #endif
       std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t j0 = 0; j0 < len; j0 += bs) {
+      for (int64_t j0 = begin; j0 < len; j0 += bs) {
         const int64_t rows = std::min(bs, len - j0);
         widen(kf.data(), vp + ((head * num_blocks + table[j0 / bs]) * bs) * hd, rows * hd);
         // Four rows per pass over the accumulator: one load and store of it per four
@@ -197,10 +208,20 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
 
 void paged_decode_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache,
                             const at::Tensor& v_cache, const at::Tensor& block_tables,
-                            const at::Tensor& seq_lens, double scale) {
+                            const at::Tensor& seq_lens, double scale, int64_t window,
+                            const std::optional<at::Tensor>& sinks) {
+  TORCH_CHECK(window >= 0, "paged decode attention: window must be >= 0");
+  const float* sink_ptr = nullptr;
+  if (sinks.has_value()) {
+    TORCH_CHECK(sinks->scalar_type() == at::kFloat && sinks->is_contiguous() &&
+                    sinks->dim() == 1 && sinks->size(0) == q.size(1),
+                "paged decode attention: sinks must be contiguous float32 [num_heads]");
+    sink_ptr = sinks->data_ptr<float>();
+  }
   dispatch(q.scalar_type(), [&](auto zero) {
     using scalar_t = decltype(zero);
-    decode_attention<scalar_t>(out, q, k_cache, v_cache, block_tables, seq_lens, scale);
+    decode_attention<scalar_t>(out, q, k_cache, v_cache, block_tables, seq_lens, scale, window,
+                               sink_ptr);
   });
 }
 

@@ -60,16 +60,20 @@ RowsQ8 quantize_rows(const c10::BFloat16* x, int64_t M, int64_t K) {
   return out;
 }
 
+// At 4 bits a nibble is the level itself, or with a table (`lut`, 16 entries) an index into
+// it: MXFP4's sixteen codes are the levels 12 + {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, ..., -12}.
 template <int Bits>
-inline int level_at(const uint8_t* chunk, int64_t v) {
+inline int level_at(const uint8_t* chunk, int64_t v, const uint8_t* lut) {
   if constexpr (Bits == 8) return chunk[v];
-  return v < 256 ? chunk[v] & 0x0F : chunk[v - 256] >> 4;
+  const int nibble = v < 256 ? chunk[v] & 0x0F : chunk[v - 256] >> 4;
+  return lut ? lut[nibble] : nibble;
 }
 
 // One block of sixteen channels for `rows` rows (at most kRowsAtOnce) -> out [rows, 16] float.
 template <int Bits>
 void block_rows_plain(const uint8_t* q, const float* d, const float* m, int64_t chunks,
-                      const RowsQ8& x, int64_t row0, int64_t rows, int64_t K, float* out) {
+                      const RowsQ8& x, int64_t row0, int64_t rows, int64_t K, float* out,
+                      const uint8_t* lut) {
   constexpr int64_t kChunk = 512 * Bits / 8;
   for (int64_t r = 0; r < rows; ++r) {
     float acc[16] = {};
@@ -82,7 +86,7 @@ void block_rows_plain(const uint8_t* q, const float* d, const float* m, int64_t 
         int32_t isum = 0;
         for (int64_t j = 0; j < 8; ++j)
           for (int64_t e = 0; e < 4; ++e)
-            isum += level_at<Bits>(chunk, 64 * j + 4 * ch + e) * xr[32 * c + 4 * j + e];
+            isum += level_at<Bits>(chunk, 64 * j + 4 * ch + e, lut) * xr[32 * c + 4 * j + e];
         const float a = std::fma(static_cast<float>(isum), d[c * 16 + ch] * dx, acc[ch]);
         acc[ch] = std::fma(m[c * 16 + ch], sx, a);
       }
@@ -95,9 +99,13 @@ void block_rows_plain(const uint8_t* q, const float* d, const float* m, int64_t 
 // Rows is a compile-time count so that each row's sums stay in registers.
 template <int Bits, int Rows>
 void block_rows_vnni(const uint8_t* q, const float* d, const float* m, int64_t chunks,
-                     const RowsQ8& x, int64_t row0, int64_t K, float* out) {
+                     const RowsQ8& x, int64_t row0, int64_t K, float* out, const uint8_t* lut) {
   constexpr int64_t kChunk = 512 * Bits / 8;
   const __m512i low_bits = _mm512_set1_epi8(0x0F);
+  // The table in each 128-bit lane, for vpshufb (nibble -> level).
+  const __m512i table =
+      lut ? _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lut)))
+          : _mm512_setzero_si512();
   const int8_t* xq = x.q.data() + row0 * K;
   const float* xd = x.d.data() + row0 * chunks;
   const float* xs = x.s.data() + row0 * chunks;
@@ -114,6 +122,8 @@ void block_rows_vnni(const uint8_t* q, const float* d, const float* m, int64_t c
         w[t] = _mm512_and_si512(v, low_bits);
         w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low_bits);
       }
+      if (lut)
+        for (int j = 0; j < 8; ++j) w[j] = _mm512_shuffle_epi8(table, w[j]);
     }
     __m512i isum[Rows];
     for (int r = 0; r < Rows; ++r) isum[r] = _mm512_setzero_si512();
@@ -136,16 +146,17 @@ void block_rows_vnni(const uint8_t* q, const float* d, const float* m, int64_t c
 
 template <int Bits>
 void block_rows_vnni(const uint8_t* q, const float* d, const float* m, int64_t chunks,
-                     const RowsQ8& x, int64_t row0, int64_t rows, int64_t K, float* out) {
+                     const RowsQ8& x, int64_t row0, int64_t rows, int64_t K, float* out,
+                     const uint8_t* lut) {
   switch (rows) {
-    case 1: return block_rows_vnni<Bits, 1>(q, d, m, chunks, x, row0, K, out);
-    case 2: return block_rows_vnni<Bits, 2>(q, d, m, chunks, x, row0, K, out);
-    case 3: return block_rows_vnni<Bits, 3>(q, d, m, chunks, x, row0, K, out);
-    case 4: return block_rows_vnni<Bits, 4>(q, d, m, chunks, x, row0, K, out);
-    case 5: return block_rows_vnni<Bits, 5>(q, d, m, chunks, x, row0, K, out);
-    case 6: return block_rows_vnni<Bits, 6>(q, d, m, chunks, x, row0, K, out);
-    case 7: return block_rows_vnni<Bits, 7>(q, d, m, chunks, x, row0, K, out);
-    default: return block_rows_vnni<Bits, 8>(q, d, m, chunks, x, row0, K, out);
+    case 1: return block_rows_vnni<Bits, 1>(q, d, m, chunks, x, row0, K, out, lut);
+    case 2: return block_rows_vnni<Bits, 2>(q, d, m, chunks, x, row0, K, out, lut);
+    case 3: return block_rows_vnni<Bits, 3>(q, d, m, chunks, x, row0, K, out, lut);
+    case 4: return block_rows_vnni<Bits, 4>(q, d, m, chunks, x, row0, K, out, lut);
+    case 5: return block_rows_vnni<Bits, 5>(q, d, m, chunks, x, row0, K, out, lut);
+    case 6: return block_rows_vnni<Bits, 6>(q, d, m, chunks, x, row0, K, out, lut);
+    case 7: return block_rows_vnni<Bits, 7>(q, d, m, chunks, x, row0, K, out, lut);
+    default: return block_rows_vnni<Bits, 8>(q, d, m, chunks, x, row0, K, out, lut);
   }
 }
 #endif
@@ -158,50 +169,113 @@ bool lowbit_vector_available() {
 #endif
 }
 
+// Rows row0..row0 + M - 1 of x times one weight's block b of sixteen channels, into y
+// (row stride N). Each row's arithmetic depends on its own values only.
 template <int Bits>
-void lowbit_rows(const RowsQ8& x, const uint8_t* q, const float* d, const float* m,
-                 c10::BFloat16* y, int64_t M, int64_t N, int64_t K, bool vector) {
+void lowbit_block(const RowsQ8& x, const uint8_t* q, const float* d, const float* m,
+                  c10::BFloat16* y, int64_t row0, int64_t M, int64_t N, int64_t K, int64_t b,
+                  bool vector, const uint8_t* lut) {
   const int64_t chunks = K / 32, block_bytes = chunks * 512 * Bits / 8;
-  at::parallel_for(0, N / 16, 1, [&](int64_t begin, int64_t end) {
-    alignas(64) float out[kRowsAtOnce * 16];
-    for (int64_t b = begin; b < end; ++b) {
-      const uint8_t* qb = q + b * block_bytes;
-      const float* db = d + b * chunks * 16;
-      const float* mb = m + b * chunks * 16;
-      for (int64_t r0 = 0; r0 < M; r0 += kRowsAtOnce) {
-        const int64_t rows = std::min<int64_t>(kRowsAtOnce, M - r0);
+  const uint8_t* qb = q + b * block_bytes;
+  const float* db = d + b * chunks * 16;
+  const float* mb = m + b * chunks * 16;
+  alignas(64) float out[kRowsAtOnce * 16];
+  for (int64_t r0 = row0; r0 < row0 + M; r0 += kRowsAtOnce) {
+    const int64_t rows = std::min<int64_t>(kRowsAtOnce, row0 + M - r0);
 #if defined(LUCEDESK_VNNI)
-        if (vector)
-          block_rows_vnni<Bits>(qb, db, mb, chunks, x, r0, rows, K, out);
-        else
+    if (vector)
+      block_rows_vnni<Bits>(qb, db, mb, chunks, x, r0, rows, K, out, lut);
+    else
 #endif
-          block_rows_plain<Bits>(qb, db, mb, chunks, x, r0, rows, K, out);
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t ch = 0; ch < 16; ++ch)
-            y[(r0 + r) * N + b * 16 + ch] = narrow<c10::BFloat16>(out[16 * r + ch]);
-      }
-    }
-  });
+      block_rows_plain<Bits>(qb, db, mb, chunks, x, r0, rows, K, out, lut);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t ch = 0; ch < 16; ++ch)
+        y[(r0 + r) * N + b * 16 + ch] = narrow<c10::BFloat16>(out[16 * r + ch]);
+  }
+}
+
+void check_lowbit_args(int64_t bits, bool vector, const std::optional<at::Tensor>& lut) {
+  TORCH_CHECK(bits == 4 || bits == 8, "lowbit linear: bits must be 4 or 8");
+  TORCH_CHECK(!vector || lowbit_vector_available(), "lowbit linear: no AVX512-VNNI here");
+  if (lut.has_value())
+    TORCH_CHECK(bits == 4 && lut->scalar_type() == at::kByte && lut->numel() == 16 &&
+                    lut->is_contiguous(),
+                "lowbit linear: a level table is 16 uint8 values, for 4-bit weights");
 }
 
 at::Tensor lowbit_linear(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d,
-                         const at::Tensor& m, int64_t bits, bool vector) {
-  TORCH_CHECK(bits == 4 || bits == 8, "lowbit linear: bits must be 4 or 8");
+                         const at::Tensor& m, int64_t bits, bool vector,
+                         const std::optional<at::Tensor>& lut) {
+  check_lowbit_args(bits, vector, lut);
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && q.scalar_type() == at::kByte &&
                   q.size(2) == 64 * bits,
               "lowbit linear: q must be uint8 [N/16, K/32, 64 * bits]");
   const int64_t N = q.size(0) * 16, K = q.size(1) * 32, M = x.size(0);
   check_int8_inputs(x, d, m, N, K);
-  TORCH_CHECK(!vector || lowbit_vector_available(), "lowbit linear: no AVX512-VNNI here");
   at::Tensor y = at::empty({M, N}, x.options());
   if (M == 0) return y;
   const RowsQ8 xq = quantize_rows(x.data_ptr<c10::BFloat16>(), M, K);
   const uint8_t* qp = q.data_ptr<uint8_t>();
+  const float *dp = d.data_ptr<float>(), *mp = m.data_ptr<float>();
+  const uint8_t* table = lut.has_value() ? lut->data_ptr<uint8_t>() : nullptr;
   c10::BFloat16* yp = y.data_ptr<c10::BFloat16>();
-  if (bits == 4)
-    lowbit_rows<4>(xq, qp, d.data_ptr<float>(), m.data_ptr<float>(), yp, M, N, K, vector);
-  else
-    lowbit_rows<8>(xq, qp, d.data_ptr<float>(), m.data_ptr<float>(), yp, M, N, K, vector);
+  at::parallel_for(0, N / 16, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      if (bits == 4)
+        lowbit_block<4>(xq, qp, dp, mp, yp, 0, M, N, K, b, vector, table);
+      else
+        lowbit_block<8>(xq, qp, dp, mp, yp, 0, M, N, K, b, vector, table);
+    }
+  });
+  return y;
+}
+
+// Mixture of experts: x's rows sorted by expert, counts[e] of them for expert e, each row
+// multiplied by its own expert's weight (q [E, N/16, K/32, 64 * bits], d and m [E, ...]).
+// One pass: the tasks are (expert with rows, block of sixteen channels).
+at::Tensor lowbit_grouped_linear(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d,
+                                 const at::Tensor& m, const at::Tensor& counts, int64_t bits,
+                                 bool vector, const std::optional<at::Tensor>& lut) {
+  check_lowbit_args(bits, vector, lut);
+  TORCH_CHECK(q.dim() == 4 && q.is_contiguous() && q.scalar_type() == at::kByte &&
+                  q.size(3) == 64 * bits,
+              "lowbit grouped linear: q must be uint8 [E, N/16, K/32, 64 * bits]");
+  const int64_t E = q.size(0), N = q.size(1) * 16, K = q.size(2) * 32, M = x.size(0);
+  TORCH_CHECK(counts.dim() == 1 && counts.size(0) == E && counts.scalar_type() == at::kLong &&
+                  counts.is_contiguous() && counts.device().is_cpu(),
+              "lowbit grouped linear: counts must be int64 [E] on the CPU");
+  TORCH_CHECK(d.numel() == E * N * (K / 32) && m.numel() == E * N * (K / 32),
+              "lowbit grouped linear: d and m must hold one scale per expert, channel, group");
+  check_int8_inputs(x, d.view({-1, K / 32}), m.view({-1, K / 32}), E * N, K);
+  const int64_t* cp = counts.data_ptr<int64_t>();
+  std::vector<int64_t> experts, starts;  // the experts with rows, and their first row
+  int64_t total = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    TORCH_CHECK(cp[e] >= 0, "lowbit grouped linear: negative count");
+    if (cp[e] > 0) experts.push_back(e), starts.push_back(total);
+    total += cp[e];
+  }
+  TORCH_CHECK(total == M, "lowbit grouped linear: counts sum to ", total, ", x has ", M, " rows");
+  at::Tensor y = at::empty({M, N}, x.options());
+  if (M == 0) return y;
+  const RowsQ8 xq = quantize_rows(x.data_ptr<c10::BFloat16>(), M, K);
+  const uint8_t* qp = q.data_ptr<uint8_t>();
+  const float *dp = d.data_ptr<float>(), *mp = m.data_ptr<float>();
+  const uint8_t* table = lut.has_value() ? lut->data_ptr<uint8_t>() : nullptr;
+  c10::BFloat16* yp = y.data_ptr<c10::BFloat16>();
+  const int64_t blocks = N / 16, q_expert = q.numel() / E, s_expert = N * (K / 32);
+  at::parallel_for(0, static_cast<int64_t>(experts.size()) * blocks, 1,
+                   [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t i = t / blocks, b = t % blocks, e = experts[i];
+      const uint8_t* qe = qp + e * q_expert;
+      const float *de = dp + e * s_expert, *me = mp + e * s_expert;
+      if (bits == 4)
+        lowbit_block<4>(xq, qe, de, me, yp, starts[i], cp[e], N, K, b, vector, table);
+      else
+        lowbit_block<8>(xq, qe, de, me, yp, starts[i], cp[e], N, K, b, vector, table);
+    }
+  });
   return y;
 }
 

@@ -16,7 +16,7 @@
 TORCH_LIBRARY(lucedesk_cpu, m) {
   m.def(
       "paged_decode_attention(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, "
-      "Tensor block_tables, Tensor seq_lens, float scale) -> ()",
+      "Tensor block_tables, Tensor seq_lens, float scale, int window, Tensor? sinks) -> ()",
       &paged_decode_attention);
   m.def("add_rms_norm(Tensor x, Tensor? residual, Tensor weight, float eps) -> (Tensor, Tensor)",
         &add_rms_norm);
@@ -24,8 +24,14 @@ TORCH_LIBRARY(lucedesk_cpu, m) {
   m.def("int8_linear_tiles(Tensor x, Tensor q, Tensor d, Tensor m) -> Tensor",
         &int8_linear_tiles);
   m.def("int8_amx_available() -> bool", &int8_amx_available);
-  m.def("lowbit_linear(Tensor x, Tensor q, Tensor d, Tensor m, int bits, bool vector) -> Tensor",
-        &lowbit_linear);
+  m.def(
+      "lowbit_linear(Tensor x, Tensor q, Tensor d, Tensor m, int bits, bool vector, "
+      "Tensor? lut) -> Tensor",
+      &lowbit_linear);
+  m.def(
+      "lowbit_grouped_linear(Tensor x, Tensor q, Tensor d, Tensor m, Tensor counts, int bits, "
+      "bool vector, Tensor? lut) -> Tensor",
+      &lowbit_grouped_linear);
   m.def("lowbit_vector_available() -> bool", &lowbit_vector_available);
   m.def("rotary_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin) -> ()",
         &rotary_);

@@ -1,0 +1,112 @@
+"""The experts' matmuls: the grouped C++ low-bit pass (4-bit, MXFP4 through its level table,
+8-bit) gives each row exactly what its expert's weight alone gives it; the file's MXFP4 and
+Q8_0 blocks are held exactly; the Triton grouped GEMM (in its interpreter here) equals the
+torch reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+
+from lucedesk.engine.models.gguf_blocks import block_levels
+from lucedesk.kernels.cpu import lowbit_vector_available
+from lucedesk.kernels.lowbit import MXFP4_LEVELS, GroupedLowBitWeight, LowBitWeight
+from lucedesk.kernels.moe_torch import grouped_linear_torch
+from lucedesk.kernels.moe_triton import grouped_linear
+from tests.kernel_cases import DEVICE, TOL
+
+PATHS = [False, True] if lowbit_vector_available() else [False]
+FORMATS = [(4, None), (4, MXFP4_LEVELS), (8, None)]
+
+
+def random_experts(num: int, n: int, k: int, bits: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    levels = torch.randint(0, 2**bits, (num, n, k), generator=g, dtype=torch.uint8)
+    d = torch.rand(num, n, k // 32, generator=g) * 0.01
+    m = -torch.rand(num, n, k // 32, generator=g) * 0.05
+    return levels, d, m, g
+
+
+@pytest.mark.parametrize("bits,table", FORMATS)
+@pytest.mark.parametrize("counts", [[3, 0, 1, 9, 2], [0, 0, 17, 0, 0], [1, 1, 1, 1, 1]])
+def test_grouped_rows_equal_their_expert_alone(bits, table, counts):
+    n, k = 96, 128
+    levels, d, m, g = random_experts(len(counts), n, k, bits, sum(counts) + bits)
+    x = torch.randn(sum(counts), k, generator=g).bfloat16()
+    for vector in PATHS:
+        grouped = GroupedLowBitWeight(len(counts), (n, k), bits, table, vector=vector)
+        for e in range(len(counts)):
+            grouped.set(e, levels[e], d[e], m[e])
+        got = grouped(x, torch.tensor(counts))
+        start = 0
+        for e, rows in enumerate(counts):
+            alone = LowBitWeight(levels[e], d[e], m[e], bits, vector=vector, table=table)
+            assert torch.equal(got[start : start + rows], alone(x[start : start + rows]))
+            assert torch.equal(grouped.dequantize(e), alone.dequantize())
+            start += rows
+
+
+def test_a_level_table_is_looked_up():
+    """A 4-bit weight with a table multiplies by the table's levels: the same result as the
+    looked-up levels held at 8 bits."""
+    n, k = 32, 64
+    levels, d, m, g = random_experts(1, n, k, 4, 3)
+    x = torch.randn(5, k, generator=g).bfloat16()
+    table = LowBitWeight(levels[0], d[0], m[0], 4, table=MXFP4_LEVELS)
+    looked_up = torch.tensor(MXFP4_LEVELS, dtype=torch.uint8)[levels[0].long()]
+    eight = LowBitWeight(looked_up, d[0], m[0], 8)
+    assert torch.equal(table.levels(), looked_up)
+    assert torch.equal(table(x), eight(x))
+
+
+@pytest.mark.parametrize("qtype", [Q.MXFP4, Q.Q8_0])
+def test_file_blocks_are_held_exactly(qtype):
+    rng = np.random.default_rng(int(qtype))
+    values = (rng.standard_normal((48, 96)) * rng.uniform(0.01, 3, (48, 1))).astype(np.float32)
+    values[5, :32] = 0  # an all-zero block
+    blocks = quants.quantize(values, qtype)
+    want = quants.dequantize(blocks, qtype)
+    lv = block_levels(blocks.reshape(-1), qtype.name)
+    shape = values.shape
+    held = LowBitWeight(
+        torch.from_numpy(lv.levels).view(shape),
+        torch.from_numpy(lv.d).view(shape[0], -1),
+        torch.from_numpy(lv.m).view(shape[0], -1),
+        lv.bits,
+        table=lv.table,
+    )
+    assert torch.equal(held.dequantize(), torch.from_numpy(want))
+
+
+def test_grouped_weights_refuse_what_they_cannot_run():
+    grouped = GroupedLowBitWeight(3, (32, 64), 4)
+    with pytest.raises(RuntimeError, match="counts sum to 4"):
+        grouped(torch.randn(5, 64).bfloat16(), torch.tensor([1, 2, 1]))
+    with pytest.raises(ValueError, match="bfloat16"):
+        grouped(torch.randn(4, 64), torch.tensor([1, 2, 1]))
+    with pytest.raises(ValueError, match="a level table is for 4-bit"):
+        GroupedLowBitWeight(3, (32, 64), 8, MXFP4_LEVELS)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("counts", [[5, 0, 33, 1], [0, 0, 0, 2], [16, 16, 0, 17]])
+def test_triton_grouped_linear_matches_reference(dtype, counts):
+    g = torch.Generator().manual_seed(len(counts) + sum(counts))
+    n, k = 80, 72  # neither a multiple of the kernel's tiles
+    weight = torch.randn(len(counts), n, k, generator=g).to(dtype).to(DEVICE)
+    x = torch.randn(sum(counts), k, generator=g).to(dtype).to(DEVICE)
+    c = torch.tensor(counts, device=DEVICE)
+    got = grouped_linear(x, weight, c)
+    want = grouped_linear_torch(x.float(), weight.float(), c)
+    torch.testing.assert_close(got.float(), want, atol=TOL[dtype] * 4, rtol=TOL[dtype])
+
+
+def test_triton_grouped_linear_checks_its_inputs():
+    w = torch.randn(2, 16, 32, device=DEVICE)
+    with pytest.raises(ValueError, match="do not agree"):
+        grouped_linear(torch.randn(3, 16, device=DEVICE), w, torch.tensor([1, 2], device=DEVICE))
+    with pytest.raises(ValueError, match="counts must be"):
+        grouped_linear(torch.randn(3, 32, device=DEVICE), w, torch.tensor([3], device=DEVICE))
