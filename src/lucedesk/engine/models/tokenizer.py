@@ -28,7 +28,16 @@ _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# gpt-4o's (o200k) split, which gpt-oss's vocabulary uses.
+_GPT4O_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _SPLITS = {
+    "gpt-4o": _GPT4O_SPLIT,
     "llama-bpe": _LLAMA3_SPLIT,
     "llama3": _LLAMA3_SPLIT,
     "llama-v3": _LLAMA3_SPLIT,
@@ -148,17 +157,45 @@ def from_hf_folder(folder: Path) -> Tokenizer:
 
 def from_gguf(gguf: GGUFFile) -> Tokenizer:
     kind = gguf.get("tokenizer.ggml.model")
-    if kind != "gpt2":
+    if kind not in ("gpt2", "llama"):
         raise ModelLoadError(
             f"{gguf.path}: tokenizer model {kind!r} is not supported from GGUF metadata "
-            "(supported: byte-level BPE, 'gpt2'); load the model's Hugging Face folder instead"
+            "(supported: byte-level BPE 'gpt2', SentencePiece 'llama'); load the model's "
+            "Hugging Face folder instead"
         )
     tokens: list[str] = list(gguf.require("tokenizer.ggml.tokens"))
     types: list[int] = list(gguf.get("tokenizer.ggml.token_type", []))
+    if kind == "llama":
+        from lucedesk.engine.models.sentencepiece import from_gguf_sentencepiece
+
+        backend = from_gguf_sentencepiece(gguf)
+    else:
+        backend = _byte_level_bpe(gguf, tokens, types)
+
+    def token(key: str) -> str | None:
+        idx = gguf.get(f"tokenizer.ggml.{key}")
+        return tokens[int(idx)] if idx is not None and 0 <= int(idx) < len(tokens) else None
+
+    bos, eos = token("bos_token_id"), token("eos_token_id")
+    stops = [
+        int(gguf.get(f"tokenizer.ggml.{key}"))
+        for key in ("eos_token_id", "eot_token_id", "eom_token_id")
+        if gguf.get(f"tokenizer.ggml.{key}") is not None
+    ]
+    return Tokenizer(
+        backend,
+        bos_token=bos,
+        eos_token=eos,
+        chat_template=gguf.get("tokenizer.chat_template"),
+        stop_token_ids=tuple(dict.fromkeys(stops)),
+        special_ids=frozenset(i for i, t in enumerate(types) if t == _CONTROL),
+    )
+
+
+def _byte_level_bpe(gguf: GGUFFile, tokens: list[str], types: list[int]) -> HFTokenizer:
     merges = [tuple(m.split(" ", 1)) for m in gguf.get("tokenizer.ggml.merges", [])]
     vocab = {tok: i for i, tok in enumerate(tokens)}
     pre = gguf.get("tokenizer.ggml.pre", "default")
-
     backend = HFTokenizer(
         models.BPE(vocab=vocab, merges=merges, ignore_merges=pre in ("llama-bpe", "llama3"))
     )
@@ -178,32 +215,19 @@ def from_gguf(gguf: GGUFFile) -> Tokenizer:
             if t == _USER_DEFINED
         ]
     )
-
-    def token(key: str) -> str | None:
-        idx = gguf.get(f"tokenizer.ggml.{key}")
-        return tokens[int(idx)] if idx is not None and 0 <= int(idx) < len(tokens) else None
-
-    bos, eos = token("bos_token_id"), token("eos_token_id")
-    if gguf.get("tokenizer.ggml.add_bos_token", False) and bos is not None:
-        bos_id = vocab[bos]
+    bos = gguf.get("tokenizer.ggml.bos_token_id")
+    if (
+        gguf.get("tokenizer.ggml.add_bos_token", False)
+        and bos is not None
+        and 0 <= bos < len(tokens)
+    ):
+        name = tokens[int(bos)]
         backend.post_processor = processors.TemplateProcessing(
-            single=f"{bos}:0 $A:0",
-            pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
-            special_tokens=[(bos, bos_id)],
+            single=f"{name}:0 $A:0",
+            pair=f"{name}:0 $A:0 {name}:1 $B:1",
+            special_tokens=[(name, int(bos))],
         )
-    stops = [
-        int(gguf.get(f"tokenizer.ggml.{key}"))
-        for key in ("eos_token_id", "eot_token_id", "eom_token_id")
-        if gguf.get(f"tokenizer.ggml.{key}") is not None
-    ]
-    return Tokenizer(
-        backend,
-        bos_token=bos,
-        eos_token=eos,
-        chat_template=gguf.get("tokenizer.chat_template"),
-        stop_token_ids=tuple(dict.fromkeys(stops)),
-        special_ids=frozenset(i for i, t in enumerate(types) if t == _CONTROL),
-    )
+    return backend
 
 
 def _pre_tokenizer(pre: str, path: Path) -> pre_tokenizers.PreTokenizer:
