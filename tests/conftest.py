@@ -78,7 +78,28 @@ CHATML = (
 )
 
 
-def write_tokenizer(folder: Path, vocab_size: int = 384) -> int:
+# gpt-oss's harmony format: its special tokens and its chat template (as the model's own
+# tokenizer config carries it).
+HARMONY_SPECIALS = [
+    "<|endoftext|>",
+    "<|return|>",
+    "<|constrain|>",
+    "<|channel|>",
+    "<|start|>",
+    "<|end|>",
+    "<|message|>",
+    "<|call|>",
+]
+HARMONY_TEMPLATE = (Path(__file__).parent / "data" / "gpt-oss.jinja").read_text()
+
+
+def write_tokenizer(
+    folder: Path,
+    vocab_size: int = 384,
+    specials: list[str] = SPECIALS,
+    template: str = CHATML,
+    eos: str = "<|im_end|>",
+) -> int:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -86,7 +107,7 @@ def write_tokenizer(folder: Path, vocab_size: int = 384) -> int:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIALS,
+        special_tokens=specials,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -96,9 +117,9 @@ def write_tokenizer(folder: Path, vocab_size: int = 384) -> int:
         json.dumps(
             {
                 "bos_token": None,
-                "eos_token": "<|im_end|>",
+                "eos_token": eos,
                 "pad_token": "<|endoftext|>",
-                "chat_template": CHATML,
+                "chat_template": template,
                 "add_bos_token": False,
                 "tokenizer_class": "PreTrainedTokenizerFast",
             }
@@ -107,13 +128,19 @@ def write_tokenizer(folder: Path, vocab_size: int = 384) -> int:
     return tok.get_vocab_size()
 
 
-def write_tiny_model(folder: Path, arch: str, seed: int = 0, wide: bool = False) -> Path:
+def write_tiny_model(
+    folder: Path, arch: str, seed: int = 0, wide: bool = False, harmony: bool = False
+) -> Path:
     """A 2-layer random checkpoint of the given family, saved as a Hugging Face folder;
-    `wide`: matmul inputs of 256 (whole Q4_K blocks), experts included."""
+    `wide`: matmul inputs of 256 (whole Q4_K blocks), experts included; `harmony`: gpt-oss's
+    special tokens and chat template."""
     import transformers
 
     folder.mkdir(parents=True, exist_ok=True)
-    vocab = write_tokenizer(folder)
+    if harmony:
+        vocab = write_tokenizer(folder, 384, HARMONY_SPECIALS, HARMONY_TEMPLATE, "<|return|>")
+    else:
+        vocab = write_tokenizer(folder)
     common = dict(
         vocab_size=vocab,
         hidden_size=64,
@@ -123,7 +150,9 @@ def write_tiny_model(folder: Path, arch: str, seed: int = 0, wide: bool = False)
         num_key_value_heads=2,
         max_position_embeddings=1024,
         rms_norm_eps=1e-6,
-        eos_token_id=SPECIALS.index("<|im_end|>"),
+        eos_token_id=HARMONY_SPECIALS.index("<|return|>")
+        if harmony
+        else SPECIALS.index("<|im_end|>"),
         bos_token_id=None,
         # A wide init makes the logits peaked, as in trained models, so greedy choices
         # are not coin flips between near-equal tokens.
@@ -180,6 +209,9 @@ def write_tiny_model(folder: Path, arch: str, seed: int = 0, wide: bool = False)
             if "norm" in name or "bias" in name or "sinks" in name:
                 p.add_(torch.randn_like(p) * 0.1)
     model.save_pretrained(folder, safe_serialization=True)
+    if harmony:  # a reply ends at <|return|> or <|call|>
+        ends = [HARMONY_SPECIALS.index(t) for t in ("<|return|>", "<|call|>")]
+        (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": ends}))
     return folder
 
 

@@ -108,3 +108,31 @@ def run_alone(
         )
         out.extend(run_jobs(engine, [Job(job.prompt, job.params, 0)], check=False))
     return out
+
+
+def script_replies(engine: Engine, reply_for) -> None:
+    """A scripted model on the real engine: every request's reply is the tokens of
+    `reply_for(prompt_ids)` (text; special tokens written as their text are those tokens),
+    then the model's first end token. The model still runs each step (KV, slots, stats);
+    only the token a row samples is replaced, and a grammar's own end is ignored (the
+    script's tokens end the reply). Requests without drafts."""
+    execute = engine.seq_engine.execute
+    tokenizer = engine.tokenizer
+    replies: dict[str, list[int]] = {}
+
+    def scripted(plan):
+        result = execute(plan)
+        for row in plan.rows:
+            if not row.sample:
+                continue
+            req = row.request
+            if req.request_id not in replies:
+                text = reply_for(req.prompt_ids)
+                replies[req.request_id] = tokenizer.encode(text, add_special_tokens=False) + [
+                    tokenizer.stop_token_ids[0]
+                ]
+            ids = replies[req.request_id]
+            result.sampled[req.slot] = ids[min(req.num_output_tokens, len(ids) - 1)]
+        return result._replace(stopped=frozenset())
+
+    engine.seq_engine.execute = scripted

@@ -27,6 +27,7 @@ from lucedesk.engine.stats import EngineStats, HistogramSnapshot, SlotStats
 from lucedesk.engine.tool_calls import Tool, ToolCall, ToolChoice
 from lucedesk.engine.tool_parser import CallDelta, TextDelta, ToolCallParser
 from lucedesk.engine.turn import (
+    ReasoningPiece,
     TextPiece,
     Turn,
     TurnEnd,
@@ -55,6 +56,7 @@ __all__ = [
     "HistogramSnapshot",
     "ModelInfo",
     "QueueFullError",
+    "ReasoningPiece",
     "RequestError",
     "RequestHandle",
     "RequestOutput",

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 
 from lucedesk.engine.grammar import Grammar, GrammarCompiler
 from lucedesk.engine.handle import RequestHandle, RequestOutput, TokenLogprob
-from lucedesk.engine.models.chat import ChatPrompt, encode_chat
+from lucedesk.engine.models.chat import ChatPrompt, render_prompt
 from lucedesk.engine.models.tokenizer import IncrementalDetokenizer, Tokenizer
+from lucedesk.engine.reasoning import opens_reasoning, reasoning_format, reasoning_switch
 from lucedesk.engine.request import FinishReason, Request, SamplingParams
 from lucedesk.engine.scheduler import Scheduler, StepPlan
 from lucedesk.engine.seq_engine import SeqEngine, StepResult
@@ -76,6 +77,7 @@ class Engine:
             tokenizer, getattr(seq_engine, "vocab_size", tokenizer.vocab_size)
         )
         self.tool_format = ToolFormat(detect_family(tokenizer.chat_template))
+        self.reasoning_format = reasoning_format(tokenizer.chat_template)
         self._single_token_markers = frozenset(
             m for m in MARKERS if tokenizer.token_to_id(m) is not None
         )
@@ -123,11 +125,14 @@ class Engine:
         tool_choice: ToolChoice | None = None,
         parallel_tool_calls: bool = True,
         response_format: Grammar | None = None,
+        reasoning: str | None = None,
     ) -> ChatPrompt:
         """The prompt for a chat (tools rendered in the model's own format) and the grammar
         its reply must follow: the tool-call grammar for `tool_choice`, the response format,
-        or both. Raises RequestError naming the field of a tool or format that cannot be
-        compiled, or a tool_choice naming no offered function."""
+        or both. `reasoning` ("none", "low", "medium", "high"; None: the model's default)
+        sets the family's switch (enable_thinking, reasoning_effort). Raises RequestError
+        naming the field of a tool or format that cannot be compiled, or a tool_choice
+        naming no offered function."""
         tools = tools or []
         choice = tool_choice or ToolChoice()
         if choice.mode == "function" and choice.function not in {t.name for t in tools}:
@@ -143,23 +148,43 @@ class Engine:
             self.grammars.check(response_format)
         fmt = self.tool_format if tools and choice.mode != "none" else None
         grammar = response_format
-        if fmt is not None:
+        # A harmony reply is channels whatever it holds: a format binds its final answer.
+        if fmt is not None or (self.tool_format.family == "harmony" and response_format):
             text_schema = None
             if response_format is not None:
                 if response_format.kind != "json_schema":
+                    with_what = "tools" if fmt is not None else "this model's reply format"
                     raise RequestError(
-                        f"a {response_format.kind} format cannot be combined with tools "
+                        f"a {response_format.kind} format cannot be combined with {with_what} "
                         "(a JSON schema can)",
                         response_format.field,
                     )
                 text_schema = json.loads(response_format.source)
-            grammar = fmt.grammar(
-                tools, choice, parallel_tool_calls, text_schema, self._single_token_markers
+            grammar = self.tool_format.grammar(
+                tools if fmt is not None else [],
+                choice,
+                parallel_tool_calls,
+                text_schema,
+                self._single_token_markers,
             )
-        token_ids = encode_chat(self.tokenizer, messages, self.tool_format, tools)
+        text = render_prompt(
+            self.tokenizer,
+            messages,
+            self.tool_format,
+            tools,
+            reasoning_switch(self.reasoning_format, reasoning),
+        )
+        token_ids = self.tokenizer.encode(text, add_special_tokens=False)
         if grammar is not None:
             self.grammars.check(grammar)
-        return ChatPrompt(token_ids, grammar, fmt, frozenset(t.name for t in tools))
+        return ChatPrompt(
+            token_ids,
+            grammar,
+            fmt,
+            frozenset(t.name for t in tools),
+            self.reasoning_format,
+            self.reasoning_format == "think" and opens_reasoning(text),
+        )
 
     def check_grammar(self, grammar: Grammar) -> None:
         """Raises RequestError (naming the grammar's field) if it cannot be compiled."""

@@ -1,8 +1,10 @@
 """Tool calling, written once for every protocol: how a model family writes a call, the
 grammar that holds it to that form, and how its chat template sees tools and results.
 
-Three formats, chosen from the chat template's text:
+Four formats, chosen from the chat template's text:
 
+  harmony  gpt-oss: `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}`
+           after any reasoning, one call a reply (harmony.py)
   hermes   <tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>   (Qwen2.5, Qwen3,
            Hermes and alike; the template renders `tools` and tool results itself)
   llama3   {"name": ..., "parameters": {...}}   the whole reply, calls joined by "; "
@@ -10,7 +12,8 @@ Three formats, chosen from the chat template's text:
            in the system message and calls use the hermes envelope, which the grammar enforces
 
 Messages reach `render_messages` in one neutral shape:
-  {"role": "assistant", "content": str | None, "tool_calls": [ToolCall, ...]}
+  {"role": "assistant", "content": str | None, "tool_calls": [ToolCall, ...],
+   "reasoning": str (optional: what the model reasoned before this reply)}
   {"role": "tool", "tool_call_id": str, "name": str, "content": str}
 """
 
@@ -23,7 +26,7 @@ from typing import Literal
 
 from lucedesk.engine.grammar import JSON_OPTIONS, Grammar
 
-Family = Literal["hermes", "llama3", "generic"]
+Family = Literal["harmony", "hermes", "llama3", "generic"]
 # Markers a vocabulary may hold as single tokens (then grammars name the token).
 MARKERS = ("<tool_call>", "</tool_call>", "<think>", "</think>")
 
@@ -59,6 +62,8 @@ class ToolChoice:
 
 def detect_family(template: str | None) -> Family:
     text = template or ""
+    if "<|channel|>" in text:
+        return "harmony"
     if "<tool_call>" in text:
         return "hermes"
     if "<|python_tag|>" in text or ("tools" in text and '"parameters"' in text):
@@ -92,6 +97,10 @@ class ToolFormat:
 
     def render_messages(self, messages: list[dict], tools: list[Tool]) -> tuple[list[dict], list]:
         """The messages and `tools` value to hand the chat template."""
+        if self.family == "harmony":
+            from lucedesk.engine import harmony
+
+            return harmony.render_messages(messages), [_openai_tool(t) for t in tools]
         if self.family != "generic":
             native = [_native_message(m) for m in messages]
             return native, [_openai_tool(t) for t in tools]
@@ -112,7 +121,7 @@ class ToolFormat:
                 text = "\n".join(([m["content"]] if m.get("content") else []) + blocks)
                 out.append({"role": "assistant", "content": text})
             else:
-                out.append(dict(m))
+                out.append(_with_reasoning(m))
         if tools:
             listing = "\n".join(
                 json.dumps(
@@ -154,6 +163,10 @@ class ToolFormat:
                 if isinstance(text_schema, dict)
                 else text_schema
             )
+        if self.family == "harmony":
+            from lucedesk.engine import harmony
+
+            return harmony.grammar(tools, choice, text_schema)
         forced = choice.mode in ("required", "function")
         if self.family == "llama3":
             more = 'call_more: ("; " call_json)*' if parallel else "call_more: "
@@ -214,6 +227,10 @@ class ToolFormat:
         """A parser for one reply; with `tool_names`, only envelopes naming one are calls."""
         from lucedesk.engine.tool_parser import ToolCallParser
 
+        if self.family == "harmony":
+            from lucedesk.engine.harmony import HarmonyParser
+
+            return HarmonyParser(tool_names or frozenset())
         if self.family == "llama3":
             return ToolCallParser(None, None, separator=";", tool_names=tool_names)
         return ToolCallParser("<tool_call>", "</tool_call>", tool_names=tool_names)
@@ -254,9 +271,12 @@ def _arguments_object(text: str) -> object:
 
 def _native_message(m: dict) -> dict:
     """A message as tool-aware templates expect it: calls as OpenAI function objects whose
-    arguments are objects (templates `tojson` them), results with their call's id."""
+    arguments are objects (templates `tojson` them), results with their call's id, earlier
+    reasoning as `reasoning_content` (Qwen3's templates read it)."""
+    out = _with_reasoning(m)
     if m["role"] == "assistant" and m.get("tool_calls"):
-        calls = [
+        out["content"] = m.get("content") or ""
+        out["tool_calls"] = [
             {
                 "id": c.id,
                 "type": "function",
@@ -264,8 +284,15 @@ def _native_message(m: dict) -> dict:
             }
             for c in m["tool_calls"]
         ]
-        return {"role": "assistant", "content": m.get("content") or "", "tool_calls": calls}
-    return dict(m)
+    return out
+
+
+def _with_reasoning(m: dict) -> dict:
+    """A copy of `m` with its reasoning as `reasoning_content`, the key templates read."""
+    out = {k: v for k, v in m.items() if k != "reasoning"}
+    if m.get("reasoning"):
+        out["reasoning_content"] = m["reasoning"]
+    return out
 
 
 def _hermes_block(call: ToolCall) -> str:

@@ -30,6 +30,13 @@ class TextDelta:
 
 
 @dataclass(slots=True, frozen=True)
+class ReasoningDelta:
+    """Text the model wrote as reasoning (reasoning.py, harmony.py), apart from the answer."""
+
+    text: str
+
+
+@dataclass(slots=True, frozen=True)
 class CallDelta:
     index: int
     id: str | None = None  # set on a call's first delta only
@@ -145,7 +152,7 @@ class ToolCallParser:
         events: list[TextDelta | CallDelta] = []
         while self._step(events):
             pass
-        return _merge(events)
+        return merge(events)
 
     def finish(self) -> list[TextDelta | CallDelta]:
         """Whatever is held back at the end. A cut-off call whose name is known stays a call
@@ -159,7 +166,7 @@ class ToolCallParser:
         elif self._state in ("text", "start"):
             events.append(TextDelta(self._buffer))
         self._buffer, self._envelope, self._call = "", None, None
-        return _merge(events)
+        return merge(events)
 
     # -- the state machine: each step consumes what it can and says whether to go on --------
 
@@ -272,15 +279,15 @@ def overlap_with_start(text: str, marker: str) -> int:
     return 0
 
 
-def _merge(events: list) -> list:
-    """Adjacent text deltas as one, empty ones dropped."""
+def merge(events: list) -> list:
+    """Adjacent text (or reasoning) deltas as one, empty ones dropped."""
     out: list = []
     for e in events:
-        if isinstance(e, TextDelta):
+        if isinstance(e, TextDelta | ReasoningDelta):
             if not e.text:
                 continue
-            if out and isinstance(out[-1], TextDelta):
-                out[-1] = TextDelta(out[-1].text + e.text)
+            if out and type(out[-1]) is type(e):
+                out[-1] = type(e)(out[-1].text + e.text)
                 continue
         out.append(e)
     return out

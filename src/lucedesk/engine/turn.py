@@ -4,7 +4,7 @@ adapter translates its wire format into a `TurnRequest` and these events back in
 shape; agents run their model turns through the same path.
 
     turn = submit_turn(engine, TurnRequest(messages, tools, ...), owner="http:curl")
-    async for event in turn.events(): ...        # TextPiece | CallDelta | TurnEnd
+    async for event in turn.events(): ...   # TextPiece | ReasoningPiece | CallDelta | TurnEnd
     result = await turn.complete(gone)           # the whole reply; cancels once gone() says so
     result = await turn.collect(on_text)         # the whole reply, its text seen as it comes
 """
@@ -20,10 +20,11 @@ from lucedesk.engine.grammar import Grammar
 from lucedesk.engine.handle import RequestHandle, TokenLogprob
 from lucedesk.engine.request import FinishReason, SamplingParams
 from lucedesk.engine.tool_calls import Tool, ToolCall, ToolChoice
-from lucedesk.engine.tool_parser import CallDelta, TextDelta, ToolCallParser
+from lucedesk.engine.tool_parser import CallDelta, ReasoningDelta, TextDelta
 
 if TYPE_CHECKING:
     from lucedesk.engine.engine import Engine
+    from lucedesk.engine.models.chat import ReplyParser
 
 Finish = Literal["stop", "length", "tool_calls", "error"]
 
@@ -38,6 +39,9 @@ class TurnRequest:
     tool_choice: ToolChoice = field(default_factory=ToolChoice)
     parallel_tool_calls: bool = True
     response_format: Grammar | None = None
+    # How hard a reasoning model thinks: "none", "low", "medium", "high" (reasoning.LEVELS);
+    # None: the model's default.
+    reasoning: str | None = None
     prompt_ids: list[int] | None = None
     max_tokens: int | None = None
     temperature: float | None = None
@@ -61,6 +65,13 @@ class TextPiece:
 
 
 @dataclass(slots=True, frozen=True)
+class ReasoningPiece:
+    """Reasoning the model wrote before (or between) its answer."""
+
+    text: str
+
+
+@dataclass(slots=True, frozen=True)
 class TurnEnd:
     finish: Finish
     num_prompt_tokens: int
@@ -70,7 +81,7 @@ class TurnEnd:
     stop_sequence: str | None = None
 
 
-TurnEvent = TextPiece | CallDelta | TurnEnd
+TurnEvent = TextPiece | ReasoningPiece | CallDelta | TurnEnd
 
 
 @dataclass(slots=True)
@@ -83,6 +94,7 @@ class TurnResult:
     error: str | None
     logprobs: list[TokenLogprob]
     stop_sequence: str | None = None
+    reasoning: str = ""
 
 
 def encode(engine: Engine, req: TurnRequest):
@@ -94,7 +106,12 @@ def encode(engine: Engine, req: TurnRequest):
             engine.check_grammar(grammar)
         return req.prompt_ids, grammar, None
     prompt = engine.encode_chat(
-        req.messages, req.tools, req.tool_choice, req.parallel_tool_calls, req.response_format
+        req.messages,
+        req.tools,
+        req.tool_choice,
+        req.parallel_tool_calls,
+        req.response_format,
+        req.reasoning,
     )
     return prompt.token_ids, prompt.grammar, prompt.parser()
 
@@ -125,7 +142,7 @@ def submit_turn(engine: Engine, req: TurnRequest, owner: str) -> Turn:
 class Turn:
     """A submitted turn. Read it once: `events()` while it streams, or `complete()`."""
 
-    def __init__(self, engine: Engine, handle: RequestHandle, parser: ToolCallParser | None):
+    def __init__(self, engine: Engine, handle: RequestHandle, parser: ReplyParser | None):
         self.engine = engine
         self.handle = handle
         self.parser = parser
@@ -151,6 +168,8 @@ class Turn:
                     if isinstance(piece, TextDelta):
                         yield TextPiece(piece.text, logprobs)
                         logprobs = ()
+                    elif isinstance(piece, ReasoningDelta):
+                        yield ReasoningPiece(piece.text)
                     else:
                         yield piece
                 if not out.finished:
@@ -189,6 +208,7 @@ class Turn:
         """The whole reply; `on_text` sees its text as it comes. Cancelling the caller
         cancels the request."""
         text: list[str] = []
+        reasoning: list[str] = []
         logprobs: list[TokenLogprob] = []
         end: TurnEnd | None = None
         async for event in self.events():
@@ -197,6 +217,8 @@ class Turn:
                 logprobs.extend(event.logprobs)
                 if on_text is not None and event.text:
                     on_text(event.text)
+            elif isinstance(event, ReasoningPiece):
+                reasoning.append(event.text)
             elif isinstance(event, TurnEnd):
                 logprobs.extend(event.logprobs)
                 end = event
@@ -211,6 +233,7 @@ class Turn:
             end.error,
             logprobs,
             end.stop_sequence,
+            "".join(reasoning),
         )
 
     def _finish(self, reason: FinishReason | None) -> Finish:

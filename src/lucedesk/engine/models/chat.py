@@ -16,8 +16,13 @@ from lucedesk.errors import RequestError
 
 if TYPE_CHECKING:
     from lucedesk.engine.grammar import Grammar
+    from lucedesk.engine.harmony import HarmonyParser
+    from lucedesk.engine.reasoning import ThinkSplitter
     from lucedesk.engine.tool_calls import Tool, ToolFormat
     from lucedesk.engine.tool_parser import ToolCallParser
+
+    # Reads a reply's text into text, reasoning and call events (feed/finish, calls).
+    ReplyParser = ToolCallParser | ThinkSplitter | HarmonyParser
 
 # Used only when a model ships no template of its own.
 CHATML_TEMPLATE = (
@@ -33,18 +38,29 @@ ROLES = ("system", "user", "assistant", "tool")
 @dataclass(slots=True, frozen=True)
 class ChatPrompt:
     """A chat encoded for the engine: its tokens, the grammar its reply must follow (if
-    any), and the tool format to read calls back with (set when tools were offered)."""
+    any), the tool format to read calls back with (set when tools were offered), and how
+    the model writes reasoning: "think" (tags, reasoning.py; `in_reasoning` when the prompt
+    opened the tag), "harmony" (channels, harmony.py) or None."""
 
     token_ids: list[int]
     grammar: Grammar | None = None
     tool_format: ToolFormat | None = None
     tool_names: frozenset[str] = frozenset()
+    reasoning: str | None = None
+    in_reasoning: bool = False
 
-    def parser(self) -> ToolCallParser | None:
-        """A fresh parser for the reply's tool calls, or None when no tools were offered."""
-        if self.tool_format is None:
-            return None
-        return self.tool_format.parser(self.tool_names)
+    def parser(self) -> ReplyParser | None:
+        """A fresh parser for the reply's reasoning and tool calls, or None when the reply
+        is plain text."""
+        from lucedesk.engine.harmony import HarmonyParser
+        from lucedesk.engine.reasoning import ThinkSplitter
+
+        if self.reasoning == "harmony":
+            return HarmonyParser(self.tool_names if self.tool_format is not None else None)
+        calls = self.tool_format.parser(self.tool_names) if self.tool_format else None
+        if self.reasoning == "think":
+            return ThinkSplitter(calls, self.in_reasoning)
+        return calls
 
 
 def _raise(message: str) -> None:
@@ -71,9 +87,11 @@ def render_chat(
     messages: list[dict],
     add_generation_prompt: bool = True,
     tools: list | None = None,
+    template_vars: dict | None = None,
 ) -> str:
     """The prompt text for `messages` ([{"role": ..., "content": str}, ...]); `tools` is
-    handed to templates that render tools themselves."""
+    handed to templates that render tools themselves, `template_vars` (enable_thinking,
+    reasoning_effort) to templates that read them."""
     for i, message in enumerate(messages):
         if message.get("role") not in ROLES:
             raise RequestError(
@@ -90,6 +108,7 @@ def render_chat(
             eos_token=tokenizer.eos_token or "",
             tools=tools or None,
             documents=None,
+            **(template_vars or {}),
         )
     except jinja2.exceptions.TemplateError as exc:
         raise RequestError(f"the model's chat template refused these messages: {exc}") from None
@@ -101,12 +120,23 @@ def encode_chat(
     tool_format: ToolFormat | None = None,
     tools: list[Tool] | None = None,
 ) -> list[int]:
-    """Tokens of the prompt for `messages`, in the neutral shape of tool_calls.py where
-    they carry tool calls or results; `tool_format` renders those and `tools` the model's
-    way (needed whenever a message holds a call or a result)."""
+    """Tokens of the prompt for `messages` (see `render_prompt`)."""
+    text = render_prompt(tokenizer, messages, tool_format, tools)
+    # The template writes any BOS itself, so the text is encoded without added specials.
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def render_prompt(
+    tokenizer: Tokenizer,
+    messages: list[dict],
+    tool_format: ToolFormat | None = None,
+    tools: list[Tool] | None = None,
+    template_vars: dict | None = None,
+) -> str:
+    """The prompt text for `messages`, in the neutral shape of tool_calls.py where they
+    carry tool calls, results or reasoning; `tool_format` renders those and `tools` the
+    model's way (needed whenever a message holds a call or a result)."""
     template_tools: list = []
     if tool_format is not None:
         messages, template_tools = tool_format.render_messages(messages, tools or [])
-    # The template writes any BOS itself, so the text is encoded without added specials.
-    text = render_chat(tokenizer, messages, tools=template_tools)
-    return tokenizer.encode(text, add_special_tokens=False)
+    return render_chat(tokenizer, messages, tools=template_tools, template_vars=template_vars)

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import torch
 
+from lucedesk.engine.harmony import ENDS as HARMONY_ENDS
+from lucedesk.engine.harmony import MARKERS as HARMONY_MARKERS
+from lucedesk.engine.harmony import is_harmony
 from lucedesk.engine.models import tokenizer as tok
 from lucedesk.engine.models.config import ModelConfig
 from lucedesk.engine.models.decoder import DecoderModel
@@ -76,9 +79,18 @@ def load_model(
 
 
 def _family_defaults(tokenizer: tok.Tokenizer, family: Family) -> None:
-    """The family's chat template where the file has none, and its end-of-turn tokens."""
+    """The family's chat template where the file has none, and its end-of-turn tokens; a
+    harmony model's markers shown in its replies (harmony.py parses them)."""
     if tokenizer.chat_template is None and family.chat_template is not None:
         tokenizer.chat_template = family.chat_template
+    if is_harmony(tokenizer.chat_template):
+        markers = (tokenizer.token_to_id(m) for m in HARMONY_MARKERS)
+        tokenizer.shown_special_ids = frozenset(i for i in markers if i is not None)
+        # A reply ends at <|return|> (its answer) or <|call|> (a tool call); <|end|> only
+        # ends one of its messages (files list it as an end of turn all the same).
+        ends = [tokenizer.token_to_id(t) for t in HARMONY_ENDS]
+        stops = [i for i in tokenizer.stop_token_ids if i != tokenizer.token_to_id("<|end|>")]
+        tokenizer.stop_token_ids = tuple(dict.fromkeys(stops + [i for i in ends if i is not None]))
     extra = [tokenizer.token_to_id(t) for t in family.stop_tokens]
     tokenizer.stop_token_ids = tuple(
         dict.fromkeys([*tokenizer.stop_token_ids, *(i for i in extra if i is not None)])

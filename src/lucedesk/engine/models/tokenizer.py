@@ -59,6 +59,9 @@ class Tokenizer:
     # Token ids that end a generation (eos plus end-of-turn tokens from the model's metadata).
     stop_token_ids: tuple[int, ...] = ()
     special_ids: frozenset[int] = field(default_factory=frozenset)
+    # Special tokens a reply shows as text all the same: the markers of a format its text
+    # is parsed by (gpt-oss's <|channel|>, <|message|>, ...; see harmony.py).
+    shown_special_ids: frozenset[int] = field(default_factory=frozenset)
 
     @property
     def vocab_size(self) -> int:
@@ -71,6 +74,10 @@ class Tokenizer:
             raise RequestError("the text is not valid Unicode (a lone surrogate)") from None
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        if skip_special_tokens and self.shown_special_ids:
+            shown, special = self.shown_special_ids, self.special_ids
+            ids = [i for i in ids if i in shown or i not in special]
+            return self.backend.decode(ids, skip_special_tokens=False)
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def token_to_id(self, token: str) -> int | None:

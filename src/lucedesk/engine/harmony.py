@@ -1,0 +1,251 @@
+"""gpt-oss's harmony format: a reply is a run of messages, each a header and its content,
+
+    <|channel|>analysis<|message|>reasoning...<|end|>
+    <|start|>assistant<|channel|>commentary<|message|>a preamble, shown...<|end|>
+    <|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{..}
+    <|start|>assistant<|channel|>final<|message|>the answer
+
+(the prompt ends in `<|start|>assistant`, so the first header follows it directly; <|call|>
+and <|return|> end the reply and are never text). The recipient may also stand in the role:
+`<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>`.
+
+The markers are special tokens the detokenizer keeps as text (`MARKERS`), so a reply can be
+read as text: analysis is reasoning, final and commentary without a recipient the answer,
+and a `functions.NAME` recipient a tool call whose content is the arguments.
+
+Tool calls are held to one form by a grammar (llguidance names the markers as the tokens
+they are): reasoning and preambles first if the model wants them, then one call.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from lucedesk.engine.grammar import JSON_OPTIONS, Grammar
+from lucedesk.engine.tool_calls import Tool, ToolCall, ToolChoice
+from lucedesk.engine.tool_parser import (
+    CallDelta,
+    ReasoningDelta,
+    TextDelta,
+    merge,
+    overlap_with_start,
+)
+
+START, END, MESSAGE, CHANNEL, CONSTRAIN = (
+    "<|start|>",
+    "<|end|>",
+    "<|message|>",
+    "<|channel|>",
+    "<|constrain|>",
+)
+# Special tokens shown as text in a reply (the ones that end it, <|return|> and <|call|>,
+# never are).
+MARKERS = (START, END, MESSAGE, CHANNEL, CONSTRAIN)
+ENDS = ("<|return|>", "<|call|>")  # what ends a reply: its answer, or a tool call
+EFFORTS = ("low", "medium", "high")
+_RECIPIENT = re.compile(r"to=(\S+?)(?=\s|<|$)")
+
+
+def is_harmony(template: str | None) -> bool:
+    return CHANNEL in (template or "")
+
+
+def effort_of(reasoning: str | None) -> str | None:
+    """A request's reasoning level as the template's `reasoning_effort` (gpt-oss cannot
+    stop reasoning: "none" is its lowest)."""
+    if reasoning is None:
+        return None
+    if reasoning in EFFORTS:
+        return reasoning
+    return "high" if reasoning in ("xhigh", "max") else "low"
+
+
+def render_messages(messages: list[dict]) -> list[dict]:
+    """Neutral messages (tool_calls.py) as the harmony template takes them: one call per
+    assistant message (the template renders only the first), reasoning as `thinking`."""
+    out: list[dict] = []
+    for m in messages:
+        if m["role"] != "assistant":
+            out.append(m)
+            continue
+        calls = m.get("tool_calls") or [None]
+        for i, call in enumerate(calls):
+            native = {"role": "assistant", "content": m.get("content") or "" if i == 0 else ""}
+            if call is not None:
+                native["tool_calls"] = [
+                    {
+                        "id": call.id,
+                        "type": "function",
+                        "function": {"name": call.name, "arguments": _arguments(call.arguments)},
+                    }
+                ]
+            if i == 0 and m.get("reasoning"):
+                native["thinking"] = m["reasoning"]
+                if call is not None:  # the template takes thinking or content on a call
+                    native["content"] = ""
+            out.append(native)
+    return out
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
+def _arguments(text: str) -> object:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def grammar(
+    tools: list[Tool],
+    choice: ToolChoice,
+    text_schema: dict | bool | None = None,
+) -> Grammar:
+    """A reply for `choice`: analysis and preambles, then (auto) an answer or one call,
+    (required, a function) one call. `text_schema` holds the answer to a JSON schema."""
+    offered = [t for t in tools if choice.mode != "function" or t.name == choice.function]
+    answer = "TEXT"
+    if text_schema is not None:
+        answer = "%json " + json.dumps(
+            {**text_schema, "x-guidance": JSON_OPTIONS}
+            if isinstance(text_schema, dict)
+            else text_schema
+        )
+    rules = [
+        'preface: (<|channel|> ("analysis" | "commentary") <|message|> TEXT <|end|>'
+        ' <|start|> "assistant")',
+        f'final: <|channel|> "final" <|message|> {answer}',
+        r"TEXT: /(?s:.*)/",
+    ]
+    if offered:
+        rules.append(
+            'call: <|channel|> "commentary to=functions." ('
+            + " | ".join(f"fn_{i}" for i in range(len(offered)))
+            + ")"
+        )
+        for i, tool in enumerate(offered):
+            schema = {**tool.parameters, "x-guidance": JSON_OPTIONS}  # its own refs hold
+            rules.append(
+                f'fn_{i}: {json.dumps(tool.name)} " " <|constrain|> "json" <|message|> '
+                f"%json {json.dumps(schema)}"
+            )
+    forced = choice.mode in ("required", "function")
+    if forced:
+        start = "start: preface* call"
+    elif offered and choice.mode != "none":
+        start = "start: preface* (final | call)"
+    else:
+        start = "start: preface* final"
+    field = (
+        "tool_choice" if choice.mode == "function" else ("tools" if offered else "response_format")
+    )
+    return Grammar.lark("%llguidance {}\n" + "\n".join([start, *rules]), field)
+
+
+class HarmonyParser:
+    """A reply in harmony format as text, reasoning, and tool-call events; fed text in any
+    cut it gives the same events (joined) as for the whole text. `tool_names`: the offered
+    tools (a call to another one is its text); None: no tools, every message is text."""
+
+    def __init__(self, tool_names: frozenset[str] | None = None) -> None:
+        self.tool_names = tool_names
+        self.calls: list[ToolCall] = []
+        self.incomplete = False
+        self._buffer = ""
+        self._state = "header"  # the prompt opened the first message: its header comes next
+        self._route = "text"  # where the current message's content goes: reasoning, text, call
+        self._call: ToolCall | None = None
+
+    def feed(self, text: str) -> list:
+        self._buffer += text
+        events: list = []
+        while self._step(events):
+            pass
+        return merge(events)
+
+    def finish(self) -> list:
+        events: list = []
+        if self._state == "content":
+            self._emit(self._buffer, events)
+            if self._call is not None:  # a call ends with <|call|>, which ends the reply
+                self.incomplete = not _is_json(self._call.arguments)
+                self._close()
+        self._buffer, self._call, self._state = "", None, "done"
+        return merge(events)
+
+    # -- the state machine ---------------------------------------------------------------
+
+    def _step(self, events: list) -> bool:
+        buf = self._buffer
+        if self._state == "between":  # after <|end|>: the next message's <|start|>role
+            if not buf.startswith(START):
+                if START.startswith(buf):
+                    return False
+                self._state = "header"  # a stray: read on as a header
+                return True
+            self._buffer, self._state = buf[len(START) :], "header"
+            return True
+        if self._state == "header":
+            at = buf.find(MESSAGE)
+            if at < 0:
+                return False
+            self._open(buf[:at], events)
+            self._buffer, self._state = buf[at + len(MESSAGE) :], "content"
+            return True
+        if self._state == "content":
+            at = buf.find(END)
+            if at < 0:
+                ready = buf[: len(buf) - overlap_with_start(buf, END)]
+                self._emit(ready, events)
+                self._buffer = buf[len(ready) :]
+                return False
+            self._emit(buf[:at], events)
+            self._close()
+            self._buffer, self._state = buf[at + len(END) :], "between"
+            return True
+        return False  # done
+
+    def _open(self, header: str, events: list) -> None:
+        """A message's header: its channel and recipient say where its content goes."""
+        channel = ""
+        if CHANNEL in header:
+            channel = re.split(r"[\s<]", header.split(CHANNEL, 1)[1], maxsplit=1)[0]
+        found = _RECIPIENT.search(header.replace(CONSTRAIN, " "))
+        recipient = found.group(1) if found else None
+        name = recipient.removeprefix("functions.") if recipient else None
+        if (
+            recipient is not None
+            and recipient.startswith("functions.")
+            and self.tool_names is not None
+            and name in self.tool_names
+        ):
+            self._call = ToolCall(ToolCall.new_id(), name, "")
+            events.append(CallDelta(len(self.calls), self._call.id, name))
+            self._route = "call"
+        elif channel == "analysis":
+            self._route = "reasoning"
+        else:
+            self._route = "text"
+
+    def _emit(self, text: str, events: list) -> None:
+        if not text:
+            return
+        if self._route == "call" and self._call is not None:
+            self._call.arguments += text
+            events.append(CallDelta(len(self.calls), arguments=text))
+        elif self._route == "reasoning":
+            events.append(ReasoningDelta(text))
+        else:
+            events.append(TextDelta(text))
+
+    def _close(self) -> None:
+        if self._call is not None:
+            self.calls.append(self._call)
+            self._call = None
