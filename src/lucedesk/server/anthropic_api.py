@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from lucedesk.engine import (
     CallDelta,
+    ReasoningPiece,
     RequestError,
     TextPiece,
     Tool,
@@ -49,6 +50,22 @@ class ToolResultBlock(BaseModel):
     is_error: bool = False
 
 
+class ThinkingBlock(BaseModel):
+    """An earlier reply's reasoning, sent back (its signature, from lucedesk always empty,
+    is not checked)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None
+
+
+class RedactedThinkingBlock(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["redacted_thinking"]
+    data: str = ""
+
+
 class OtherBlock(BaseModel):
     """Blocks lucedesk does not serve (images, documents...): refused by name."""
 
@@ -56,7 +73,9 @@ class OtherBlock(BaseModel):
     type: str
 
 
-Block = TextBlock | ToolUseBlock | ToolResultBlock | OtherBlock
+Block = (
+    TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock | OtherBlock
+)
 
 
 class Message(BaseModel):
@@ -78,6 +97,14 @@ class ToolChoiceSpec(BaseModel):
     disable_parallel_tool_use: bool = False
 
 
+class ThinkingSpec(BaseModel):
+    """`thinking`: enabled (with a budget), disabled, or the model's own choice."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["enabled", "disabled", "adaptive", "between_tools"]
+    budget_tokens: int | None = Field(default=None, ge=0)
+
+
 class MessagesRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -92,6 +119,7 @@ class MessagesRequest(BaseModel):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)
     stream: bool = False
+    thinking: ThinkingSpec | None = None
 
 
 class CountTokensRequest(BaseModel):
@@ -135,11 +163,14 @@ def messages_of(body: MessagesRequest | CountTokensRequest) -> list[dict]:
         blocks = (
             [TextBlock(type="text", text=m.content)] if isinstance(m.content, str) else m.content
         )
-        text, calls = [], []
+        text, calls, reasoning = [], [], []
         for j, block in enumerate(blocks):
             field = f"messages[{i}].content[{j}]"
             if isinstance(block, TextBlock):
                 text.append(block.text)
+            elif isinstance(block, ThinkingBlock | RedactedThinkingBlock) and m.role == "assistant":
+                if isinstance(block, ThinkingBlock):  # redacted reasoning has no text to give
+                    reasoning.append(block.thinking)
             elif isinstance(block, ToolUseBlock) and m.role == "assistant":
                 calls_made[block.id] = block.name
                 calls.append(ToolCall(block.id, block.name, json.dumps(block.input)))
@@ -161,14 +192,17 @@ def messages_of(body: MessagesRequest | CountTokensRequest) -> list[dict]:
                 )
             elif block.type == "text":
                 raise RequestError(f"{field}.text is required in a text block", f"{field}.text")
-            elif block.type in ("tool_use", "tool_result"):
+            elif block.type in ("tool_use", "tool_result", "thinking", "redacted_thinking"):
                 raise RequestError(
                     f"{field}: a {block.type} block cannot be in a {m.role} turn", field
                 )
             else:
                 raise RequestError(f"{field}: {block.type!r} blocks: {TEXT_ONLY}", field)
         if m.role == "assistant":
-            out.append({"role": "assistant", "content": "".join(text) or None, "tool_calls": calls})
+            reply = {"role": "assistant", "content": "".join(text) or None, "tool_calls": calls}
+            if reasoning:
+                reply["reasoning"] = "\n".join(reasoning)
+            out.append(reply)
         elif text or not any(isinstance(b, ToolResultBlock) for b in blocks):
             out.append({"role": "user", "content": "".join(text)})
     return out
@@ -176,6 +210,19 @@ def messages_of(body: MessagesRequest | CountTokensRequest) -> list[dict]:
 
 def tools_of(body: MessagesRequest | CountTokensRequest) -> list[Tool]:
     return [Tool(t.name, t.description or "", t.input_schema) for t in body.tools or []]
+
+
+def reasoning_of(spec: ThinkingSpec | None) -> str | None:
+    """`thinking` as a reasoning level: a budget picks one (under 4k tokens low, under 16k
+    medium, else high), disabled is none, adaptive the model's default."""
+    if spec is None or spec.type == "adaptive":
+        return None
+    if spec.type != "enabled":
+        return "none"
+    budget = spec.budget_tokens
+    if budget is None:
+        return "medium"
+    return "low" if budget < 4096 else "medium" if budget < 16384 else "high"
 
 
 def tool_choice_of(spec: ToolChoiceSpec | None) -> tuple[ToolChoice, bool]:
@@ -224,6 +271,7 @@ def routes(served: Served) -> APIRouter:
                 top_p=body.top_p,
                 top_k=body.top_k,
                 stop=tuple(body.stop_sequences or ()),
+                reasoning=reasoning_of(body.thinking),
             ),
             owner_label(request),
         )
@@ -233,7 +281,11 @@ def routes(served: Served) -> APIRouter:
         done = await turn.complete(request.is_disconnected)
         if done.finish == "error":
             raise APIError(500, f"generation failed: {done.error}", kind="server_error")
-        content: list[dict] = [{"type": "text", "text": done.text}] if done.text.strip() else []
+        content: list[dict] = []
+        if done.reasoning:
+            content.append({"type": "thinking", "thinking": done.reasoning, "signature": ""})
+        if done.text.strip():
+            content.append({"type": "text", "text": done.text})
         content += [
             {"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c.arguments)}
             for c in done.calls
@@ -291,31 +343,28 @@ async def stream(turn, mid: str, model: str) -> AsyncIterator[str]:
         },
     )
     yield sse("ping", {})
-    index = -1
-    open_kind: str | None = None  # "text" or the index of the call whose block is open
+    blocks = Blocks()
     async for event in turn.events():
-        if isinstance(event, TextPiece) and event.text:
-            if open_kind != "text":
-                if open_kind is not None:
-                    yield sse("content_block_stop", {"index": index})
-                index, open_kind = index + 1, "text"
-                block = {"type": "text", "text": ""}
-                yield sse("content_block_start", {"index": index, "content_block": block})
-            delta = {"type": "text_delta", "text": event.text}
-            yield sse("content_block_delta", {"index": index, "delta": delta})
+        if isinstance(event, ReasoningPiece) and event.text:
+            for out in blocks.open(
+                "thinking", {"type": "thinking", "thinking": "", "signature": ""}
+            ):
+                yield out
+            yield blocks.delta({"type": "thinking_delta", "thinking": event.text})
+        elif isinstance(event, TextPiece) and event.text:
+            for out in blocks.open("text", {"type": "text", "text": ""}):
+                yield out
+            yield blocks.delta({"type": "text_delta", "text": event.text})
         elif isinstance(event, CallDelta):
             if event.id is not None:
-                if open_kind is not None:
-                    yield sse("content_block_stop", {"index": index})
-                index, open_kind = index + 1, f"call{event.index}"
                 block = {"type": "tool_use", "id": event.id, "name": event.name, "input": {}}
-                yield sse("content_block_start", {"index": index, "content_block": block})
+                for out in blocks.open(f"call{event.index}", block, new=True):
+                    yield out
             if event.arguments:
-                delta = {"type": "input_json_delta", "partial_json": event.arguments}
-                yield sse("content_block_delta", {"index": index, "delta": delta})
+                yield blocks.delta({"type": "input_json_delta", "partial_json": event.arguments})
         elif isinstance(event, TurnEnd):
-            if open_kind is not None:
-                yield sse("content_block_stop", {"index": index})
+            for out in blocks.close():
+                yield out
             if event.finish == "error":
                 error = {"type": "api_error", "message": f"generation failed: {event.error}"}
                 yield sse("error", {"error": error})
@@ -331,3 +380,32 @@ async def stream(turn, mid: str, model: str) -> AsyncIterator[str]:
                 },
             )
             yield sse("message_stop", {})
+
+
+class Blocks:
+    """The content blocks of a streamed message, opened and closed in order: a block of
+    another kind closes the open one (a thinking block with its signature first)."""
+
+    def __init__(self) -> None:
+        self.index = -1
+        self.kind: str | None = None
+
+    def open(self, kind: str, block: dict, new: bool = False) -> list[str]:
+        if self.kind == kind and not new:
+            return []
+        events = self.close()
+        self.index, self.kind = self.index + 1, kind
+        events.append(sse("content_block_start", {"index": self.index, "content_block": block}))
+        return events
+
+    def delta(self, delta: dict) -> str:
+        return sse("content_block_delta", {"index": self.index, "delta": delta})
+
+    def close(self) -> list[str]:
+        events = []
+        if self.kind == "thinking":  # local reasoning carries an empty signature
+            events.append(self.delta({"type": "signature_delta", "signature": ""}))
+        if self.kind is not None:
+            events.append(sse("content_block_stop", {"index": self.index}))
+        self.kind = None
+        return events

@@ -18,6 +18,7 @@ from lucedesk import __version__
 from lucedesk.engine import (
     CallDelta,
     Grammar,
+    ReasoningPiece,
     RequestError,
     TextPiece,
     Tool,
@@ -61,9 +62,14 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: str
     content: str | None = ""
+    thinking: str | None = None  # an earlier reply's reasoning
     images: list[str] | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_name: str | None = None
+
+
+# `think`: on or off, or a level (gpt-oss takes the levels only).
+Think = bool | Literal["low", "medium", "high", "max"] | None
 
 
 class ChatRequest(BaseModel):
@@ -75,6 +81,7 @@ class ChatRequest(BaseModel):
     options: Options | None = None
     stream: bool = True
     keep_alive: str | int | float | None = None
+    think: Think = None
     # An extension (Ollama has no way to force a call): OpenAI's values.
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
 
@@ -90,6 +97,7 @@ class GenerateRequest(BaseModel):
     options: Options | None = None
     stream: bool = True
     keep_alive: str | int | float | None = None
+    think: Think = None
 
 
 class ModelRequest(BaseModel):
@@ -123,6 +131,18 @@ def sampling_of(options: Options | None) -> dict:
     )
 
 
+def reasoning_of(think: Think, served: Served) -> str | None:
+    """`think` as a reasoning level; asking a model that does not reason to think is an
+    error, as in Ollama."""
+    if think is None:
+        return None
+    if think is not False and served.engine().reasoning_format is None:
+        raise APIError(400, f'"{served.model_id}" does not support thinking', "think")
+    if isinstance(think, bool):
+        return "medium" if think else "none"
+    return think
+
+
 def messages_of(body: ChatRequest) -> list[dict]:
     """Ollama's calls carry no ids: each call gets one, and a tool message answers the
     earliest unanswered call (of its `tool_name`, when given)."""
@@ -137,7 +157,8 @@ def messages_of(body: ChatRequest) -> list[dict]:
                 for j, c in enumerate(m.tool_calls)
             ]
             pending.extend(calls)
-            out.append({"role": "assistant", "content": m.content or None, "tool_calls": calls})
+            reply = {"role": "assistant", "content": m.content or None, "tool_calls": calls}
+            out.append(reply | ({"reasoning": m.thinking} if m.thinking else {}))
         elif m.role == "tool":
             match = next((c for c in pending if m.tool_name in (None, c.name)), None)
             if match is None:
@@ -155,7 +176,10 @@ def messages_of(body: ChatRequest) -> list[dict]:
                 }
             )
         elif m.role in ("system", "user", "assistant"):
-            out.append({"role": m.role, "content": m.content or ""})
+            message = {"role": m.role, "content": m.content or ""}
+            if m.role == "assistant" and m.thinking:
+                message["reasoning"] = m.thinking
+            out.append(message)
         else:
             raise RequestError(
                 f"messages[{i}].role must be system, user, assistant or tool", f"messages[{i}].role"
@@ -235,7 +259,8 @@ def routes(served: Served) -> APIRouter:
                 "general.architecture": arch,
                 f"{arch}.context_length": info.context_length,
             },
-            "capabilities": ["completion", "tools"],
+            "capabilities": ["completion", "tools"]
+            + (["thinking"] if eng.reasoning_format is not None else []),
         }
 
     # Not an operation this server offers, so kept out of the OpenAPI document.
@@ -256,6 +281,7 @@ def routes(served: Served) -> APIRouter:
                 tools=tools_of(body),
                 tool_choice=tool_choice_of(body),
                 response_format=grammar_of(body.format),
+                reasoning=reasoning_of(body.think, served),
                 **sampling_of(body.options),
             ),
             owner_label(request),
@@ -282,6 +308,7 @@ def routes(served: Served) -> APIRouter:
                 **request_fields,
                 prompt_field="prompt",
                 response_format=grammar_of(body.format),
+                reasoning=reasoning_of(body.think, served),
                 **sampling_of(body.options),
             ),
             owner_label(request),
@@ -338,10 +365,14 @@ async def answer(turn, stream: bool, model: str, request: Request, chat: bool):
         )
         if chat:
             line["message"]["content"] = done.text
+            if done.reasoning:
+                line["message"]["thinking"] = done.reasoning
             if done.calls:
                 line["message"]["tool_calls"] = [_call(c) for c in done.calls]
         else:
             line["response"] = done.text
+            if done.reasoning:
+                line["thinking"] = done.reasoning
         return Json(line)
     return TurnStream(turn, ndjson(turn, model, chat, started), "application/x-ndjson")
 
@@ -361,18 +392,23 @@ async def ndjson(turn, model: str, chat: bool, started: float) -> AsyncIterator[
     def line(obj: dict) -> str:
         return dumps(obj) + "\n"
 
-    def piece(text: str, calls: list[dict] | None = None) -> dict:
+    def piece(text: str, calls: list[dict] | None = None, thinking: str = "") -> dict:
         if chat:
             message: dict = {"role": "assistant", "content": text}
+            if thinking:
+                message["thinking"] = thinking
             if calls:
                 message["tool_calls"] = calls
             return {"model": model, "created_at": now(), "message": message, "done": False}
-        return {"model": model, "created_at": now(), "response": text, "done": False}
+        out = {"model": model, "created_at": now(), "response": text, "done": False}
+        return out | ({"thinking": thinking} if thinking else {})
 
     parser = turn.parser
     num_calls_sent = 0
     async for event in turn.events():
-        if isinstance(event, TextPiece) and event.text:
+        if isinstance(event, ReasoningPiece) and event.text:
+            yield line(piece("", thinking=event.text))
+        elif isinstance(event, TextPiece) and event.text:
             yield line(piece(event.text))
         elif isinstance(event, CallDelta | TurnEnd) and parser is not None:
             finished = parser.calls[num_calls_sent:]  # calls whose envelope closed

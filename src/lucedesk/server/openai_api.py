@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 
 from lucedesk.engine import (
     CallDelta,
+    ReasoningPiece,
     TextPiece,
     Turn,
     TurnEnd,
@@ -57,6 +58,7 @@ def routes(served: Served) -> APIRouter:
             tool_choice=wire.tool_choice_of(body),
             parallel_tool_calls=body.parallel_tool_calls is not False,
             response_format=wire.grammar_of(body.response_format),
+            reasoning=wire.reasoning_of(body),
             logprobs=(body.top_logprobs or 0) if body.logprobs else None,
             **sampling_of(body, body.max_completion_tokens or body.max_tokens),
         )
@@ -115,7 +117,7 @@ class Reply:
         if self.chat:
             choice = {
                 "index": 0,
-                "message": wire.message_of(done.text, done.calls),
+                "message": wire.message_of(done.text, done.calls, done.reasoning),
                 "finish_reason": done.finish,
                 "logprobs": logprobs,
             }
@@ -169,6 +171,8 @@ class Reply:
                 if event.text or (event.logprobs and self.want_logprobs):
                     delta = {"content": event.text} if event.text else {}
                     yield self.event(self.piece(delta, event.logprobs))
+            elif isinstance(event, ReasoningPiece):
+                yield self.event(self.piece(wire.reasoning_delta(event.text)))
             elif isinstance(event, CallDelta):
                 yield self.event(self.piece(wire.call_delta(event)))
             elif isinstance(event, TurnEnd):

@@ -48,6 +48,10 @@ class ChatMessage(BaseModel):
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
+    # An earlier reply's reasoning, as llama.cpp (reasoning_content) and vLLM (reasoning)
+    # send it back.
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -119,8 +123,13 @@ class SamplingFields(BaseModel):
     speculative: bool | None = None  # prompt-lookup drafts (lucedesk); null = the server's
 
 
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
+    reasoning_effort: ReasoningEffort | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     max_completion_tokens: int | None = Field(default=None, ge=1)
     tools: list[ToolDef] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
@@ -148,6 +157,20 @@ def grammar_of(fmt: ResponseFormat | None) -> Grammar | None:
             "response_format.json_schema",
         )
     return Grammar.json_schema(fmt.json_schema.schema_, "response_format")
+
+
+def reasoning_of(body: ChatCompletionRequest) -> str | None:
+    """The reasoning level asked for: `reasoning_effort`, or `enable_thinking` in
+    `chat_template_kwargs` (false: none)."""
+    if body.reasoning_effort is not None:
+        return body.reasoning_effort
+    enable = (body.chat_template_kwargs or {}).get("enable_thinking")
+    if enable is None:
+        return None
+    if not isinstance(enable, bool):
+        field = "chat_template_kwargs.enable_thinking"
+        raise RequestError(f"{field} must be true or false", field)
+    return "medium" if enable else "none"
 
 
 def tools_of(body: ChatCompletionRequest) -> list[Tool]:
@@ -183,7 +206,11 @@ def messages_of(body: ChatCompletionRequest) -> list[dict]:
                     raise RequestError(f"{field} is not valid JSON", field) from None
                 calls_made[c.id] = c.function.name
                 calls.append(ToolCall(c.id, c.function.name, c.function.arguments))
-            out.append({"role": "assistant", "content": m.text() or None, "tool_calls": calls})
+            out.append(
+                with_reasoning(
+                    {"role": "assistant", "content": m.text() or None, "tool_calls": calls}, m
+                )
+            )
         elif role == "tool":
             field = f"messages[{i}].tool_call_id"
             if not m.tool_call_id:
@@ -198,8 +225,15 @@ def messages_of(body: ChatCompletionRequest) -> list[dict]:
                 {"role": "tool", "tool_call_id": m.tool_call_id, "name": name, "content": m.text()}
             )
         else:
-            out.append({"role": role, "content": m.text()})
+            out.append(with_reasoning({"role": role, "content": m.text()}, m))
     return out
+
+
+def with_reasoning(message: dict, m: ChatMessage) -> dict:
+    reasoning = m.reasoning_content or m.reasoning
+    if m.role == "assistant" and reasoning:
+        message["reasoning"] = reasoning
+    return message
 
 
 # -- responses --------------------------------------------------------------------------------
@@ -257,19 +291,24 @@ class LogprobFormatter:
         }
 
 
-def message_of(content: str, calls: list[ToolCall]) -> dict:
+def message_of(content: str, calls: list[ToolCall], reasoning: str = "") -> dict:
     """The assistant message of a whole reply: content (None when only calls were made and
-    nothing but whitespace surrounds them) and tool_calls."""
-    if not calls:
-        return {"role": "assistant", "content": content}
-    return {
-        "role": "assistant",
-        "content": content if content.strip() else None,
-        "tool_calls": [
+    nothing but whitespace surrounds them), tool_calls, and the reasoning under both names
+    clients read it by (llama.cpp's reasoning_content, vLLM's reasoning)."""
+    message: dict = {"role": "assistant", "content": content}
+    if calls:
+        message["content"] = content if content.strip() else None
+        message["tool_calls"] = [
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
             for c in calls
-        ],
-    }
+        ]
+    if reasoning:
+        message |= reasoning_delta(reasoning)
+    return message
+
+
+def reasoning_delta(text: str) -> dict:
+    return {"reasoning_content": text, "reasoning": text}
 
 
 def call_delta(event: CallDelta) -> dict:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from lucedesk.engine import (
     CallDelta,
     Grammar,
+    ReasoningPiece,
     RequestError,
     TextPiece,
     Tool,
@@ -60,6 +61,12 @@ class TextConfig(BaseModel):
     format: TextFormat | None = None
 
 
+class ReasoningConfig(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    summary: str | None = None
+
+
 class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -76,6 +83,7 @@ class ResponsesRequest(BaseModel):
     stream: bool = False
     store: bool | None = None
     previous_response_id: str | None = None
+    reasoning: ReasoningConfig | None = None
 
 
 def _content_text(content: Any, field: str) -> str:
@@ -99,6 +107,7 @@ def messages_of(body: ResponsesRequest) -> list[dict]:
     if isinstance(body.input, str):
         return [*out, {"role": "user", "content": body.input}]
     calls_made: dict[str, str] = {}
+    reasoning = ""  # a reasoning item's text, for the assistant output after it
     for i, item in enumerate(body.input):
         field = f"input[{i}]"
         kind = item.get("type", "message")
@@ -110,6 +119,8 @@ def messages_of(body: ResponsesRequest) -> list[dict]:
                 )
             text = _content_text(item.get("content", ""), f"{field}.content")
             out.append({"role": "system" if role == "developer" else role, "content": text})
+            if role == "assistant" and reasoning:
+                out[-1]["reasoning"], reasoning = reasoning, ""
         elif kind == "function_call":
             call_id, name, arguments = (
                 item.get("call_id"),
@@ -132,6 +143,8 @@ def messages_of(body: ResponsesRequest) -> list[dict]:
                 out[-1]["tool_calls"] = [call]
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            if reasoning:
+                out[-1]["reasoning"], reasoning = reasoning, ""
         elif kind == "function_call_output":
             call_id = item.get("call_id")
             if not isinstance(call_id, str) or call_id not in calls_made:
@@ -149,13 +162,24 @@ def messages_of(body: ResponsesRequest) -> list[dict]:
                     "content": text,
                 }
             )
-        elif kind == "reasoning":
-            continue  # a model's earlier reasoning summary: nothing to render
+        elif kind == "reasoning":  # the reasoning of the output that follows it
+            reasoning = _reasoning_text(item)
         else:
             raise RequestError(
                 f"{field}: {kind!r} items are not served ({TEXT_ONLY})", f"{field}.type"
             )
     return out
+
+
+def _reasoning_text(item: dict) -> str:
+    """A reasoning item's text: its reasoning_text parts, else its summary (Codex sends the
+    item back without an id, and with content null)."""
+    parts = item.get("content") or []
+    texts = [p.get("text", "") for p in parts if isinstance(p, dict)]
+    if not any(texts):
+        summary = item.get("summary") or []
+        texts = [p.get("text", "") for p in summary if isinstance(p, dict)]
+    return "\n".join(str(t) for t in texts if t)
 
 
 def tools_of(body: ResponsesRequest) -> list[Tool]:
@@ -247,6 +271,18 @@ class Response:
         }
 
     @staticmethod
+    def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict:
+        """Raw reasoning as `reasoning_text` content; no summary is written."""
+        content = [{"type": "reasoning_text", "text": text}] if status == "completed" else []
+        return {
+            "type": "reasoning",
+            "id": item_id,
+            "summary": [],
+            "content": content,
+            "status": status,
+        }
+
+    @staticmethod
     def call_item(item_id: str, call: ToolCall, status: str = "completed") -> dict:
         return {
             "type": "function_call",
@@ -259,6 +295,8 @@ class Response:
 
     def whole(self, done: TurnResult) -> dict:
         output = []
+        if done.reasoning:
+            output.append(self.reasoning_item("rs_" + uuid.uuid4().hex[:24], done.reasoning))
         if done.text.strip() or not done.calls:
             output.append(self.message_item("msg_" + uuid.uuid4().hex[:24], done.text))
         output += [self.call_item("fc_" + uuid.uuid4().hex[:24], c) for c in done.calls]
@@ -284,14 +322,19 @@ class Response:
             nonlocal item, text
             events = []
             index = len(output)
+            loc = {"item_id": item["id"], "output_index": index, "content_index": 0}
             if item["type"] == "message":
                 part = {"type": "output_text", "text": text, "annotations": []}
-                loc = {"item_id": item["id"], "output_index": index, "content_index": 0}
                 events.append(
                     self.event("response.output_text.done", **loc, text=text, logprobs=[])
                 )
                 events.append(self.event("response.content_part.done", **loc, part=part))
                 item = self.message_item(item["id"], text)
+            elif item["type"] == "reasoning":
+                part = {"type": "reasoning_text", "text": text}
+                events.append(self.event("response.reasoning_text.done", **loc, text=text))
+                events.append(self.event("response.content_part.done", **loc, part=part))
+                item = self.reasoning_item(item["id"], text)
             else:
                 item["status"] = "completed"
                 events.append(
@@ -307,23 +350,49 @@ class Response:
             item, text = None, ""
             return events
 
-        async for event in turn.events():
-            if isinstance(event, TextPiece) and event.text:
-                if item is not None and item["type"] != "message":
-                    for e in close_item():
-                        yield e
-                if item is None:
-                    item = self.message_item("msg_" + uuid.uuid4().hex[:24], "", "in_progress")
-                    index = len(output)
-                    yield self.event("response.output_item.added", output_index=index, item=item)
-                    part = {"type": "output_text", "text": "", "annotations": []}
-                    yield self.event(
+        def open_item(kind: str, part: dict):
+            nonlocal item
+            events = []
+            if item is not None and item["type"] != kind:
+                events += close_item()
+            if item is None:
+                make = self.message_item if kind == "message" else self.reasoning_item
+                item = make(
+                    ("msg_" if kind == "message" else "rs_") + uuid.uuid4().hex[:24],
+                    "",
+                    "in_progress",
+                )
+                index = len(output)
+                events.append(
+                    self.event("response.output_item.added", output_index=index, item=item)
+                )
+                events.append(
+                    self.event(
                         "response.content_part.added",
                         item_id=item["id"],
                         output_index=index,
                         content_index=0,
                         part=part,
                     )
+                )
+            return events
+
+        async for event in turn.events():
+            if isinstance(event, ReasoningPiece) and event.text:
+                for e in open_item("reasoning", {"type": "reasoning_text", "text": ""}):
+                    yield e
+                text += event.text
+                yield self.event(
+                    "response.reasoning_text.delta",
+                    item_id=item["id"],
+                    output_index=len(output),
+                    content_index=0,
+                    delta=event.text,
+                )
+            elif isinstance(event, TextPiece) and event.text:
+                part = {"type": "output_text", "text": "", "annotations": []}
+                for e in open_item("message", part):
+                    yield e
                 text += event.text
                 yield self.event(
                     "response.output_text.delta",
@@ -396,6 +465,7 @@ def routes(served: Served) -> APIRouter:
                 else ToolChoice(choice or "auto"),
                 parallel_tool_calls=body.parallel_tool_calls,
                 response_format=grammar_of(body),
+                reasoning=body.reasoning.effort if body.reasoning else None,
                 max_tokens=body.max_output_tokens,
                 temperature=body.temperature,
                 top_p=body.top_p,
