@@ -69,7 +69,7 @@ class ScriptedBackend:
     requests: list[tuple[str, TurnRequest]] = field(default_factory=list)
     spans: list[Span] = field(default_factory=list)
 
-    async def turn(self, req: TurnRequest, owner: str, on_text) -> TurnResult:
+    async def turn(self, req: TurnRequest, owner: str, on_text, on_reasoning) -> TurnResult:
         self.requests.append((owner, req))
         reply = self.script(req)
         params = SamplingParams(max_tokens=reply.tokens, temperature=0.0, ignore_eos=True)
@@ -537,9 +537,9 @@ class RecordingOpenAIBackend(OpenAIBackend):
         super().__init__(url)
         self.requests: list[TurnRequest] = []
 
-    async def turn(self, req: TurnRequest, owner: str, on_text) -> TurnResult:
+    async def turn(self, req: TurnRequest, owner: str, on_text, on_reasoning) -> TurnResult:
         self.requests.append(req)
-        return await super().turn(req, owner, on_text)
+        return await super().turn(req, owner, on_text, on_reasoning)
 
 
 @pytest.mark.default_model

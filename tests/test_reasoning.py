@@ -280,3 +280,37 @@ def test_harmony_grammar_holds_calls_to_one_form(harmony):
     )
     assert not grammar_accepts(engine, auto, bad_args)
     assert not grammar_accepts(engine, auto, "no channel at all")
+
+
+async def test_an_agent_keeps_its_reasoning_apart(thinker, tmp_path):
+    """An agent on the engine: the reply's reasoning is stored beside its text (not in it),
+    and goes back to the template with the conversation on the next turn."""
+    from lucedesk.agent import AgentSession, EngineBackend, Runtime
+    from lucedesk.store import Store
+
+    engine = make_engine(thinker, max_slots=2, kv_pool_tokens=4096).start()
+    prompts: list[str] = []
+
+    def reply(ids):
+        prompts.append(thinker.tokenizer.decode(ids))
+        return "<think>\nIt is Paris.\n</think>\n\nParis."
+
+    script_replies(engine, reply)
+    store = Store(tmp_path / "sessions.db")
+    try:
+        record = store.create_session("chat", max_tokens=64)
+        session = AgentSession(Runtime(EngineBackend(lambda: engine), store), record)
+        assert (await session.send("Capital of France?")).text == "Paris."
+        stored = store.session(record.id).messages[-1]
+        assert stored["content"] == "Paris." and stored["meta"]["reasoning"] == "It is Paris."
+        await session.send("And of Spain?")
+    finally:
+        store.close()
+        engine.shutdown()
+    assert "<think>" not in prompts[0]
+    history = record.chat_messages()
+    assert [m.get("reasoning") for m in history] == [None, "It is Paris.", None, "It is Paris."]
+    # This template shows the reasoning of the last reply only: the earlier one is left out.
+    assert "<think>\nIt is Paris.\n</think>" not in prompts[1]
+    last_turn = thinker.tokenizer.decode(engine.encode_chat(history).token_ids)
+    assert "<think>\nIt is Paris.\n</think>\n\nParis." in last_turn

@@ -114,6 +114,56 @@ async def test_an_edit_waits_for_approval_in_a_dialog(env):
         assert pane.session.messages[-1]["content"] == "written"
 
 
+class ThinkingBackend:
+    """A model that reasons before it answers, in two streamed pieces."""
+
+    label = "thinking"
+
+    async def turn(self, req, owner, on_text, on_reasoning):
+        import asyncio
+
+        from lucedesk.engine import TurnResult
+
+        on_reasoning("Weighing it ")
+        await asyncio.sleep(0.2)
+        on_reasoning("carefully.")
+        on_text("Paris.")
+        return TurnResult("Paris.", [], "stop", 3, 3, None, [], reasoning="Weighing it carefully.")
+
+
+async def test_a_replys_reasoning_is_folded_under_it(env):
+    from textual.widgets import Collapsible, Static
+
+    from lucedesk.tui.widgets.message_view import MessageView
+
+    app = make_app(env, slots=2, tools="off")
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await started(pilot)
+        agents = app.agents
+        agents.runtimes[""] = Runtime(
+            ThinkingBackend(), app.store, agents.approvals, [], agents.observe
+        )
+        pane = screen.panes[0]
+        await type_and_send(pilot, pane, "Capital of France?")
+        await wait_for(pilot, lambda: not pane.busy)
+
+        def folded() -> Collapsible:
+            reply = [v for v in pane.query(MessageView) if v.role == "assistant"][-1]
+            assert reply.content == "Paris."
+            return reply.query_one(Collapsible)
+
+        await wait_for(pilot, lambda: bool(pane.query(Collapsible)))
+        block = folded()
+        assert block.collapsed and block.title == "thinking"
+        assert str(block.query_one(".reasoning", Static).render()) == "Weighing it carefully."
+        stored = pane.session.messages[-1]
+        assert stored["meta"]["reasoning"] == "Weighing it carefully."
+        await pane.show_session(app.store.session(pane.session.id))  # as after a restart
+        await wait_for(pilot, lambda: bool(pane.query(Collapsible)))
+        assert folded().collapsed
+        assert str(folded().query_one(".reasoning", Static).render()) == "Weighing it carefully."
+
+
 CRASHING_TUI = """
 import asyncio, sys, time
 from pathlib import Path

@@ -92,6 +92,8 @@ class Session:
                 )
             else:
                 out.append({"role": m["role"], "content": m["content"]})
+            if m["role"] == "assistant" and meta.get("reasoning"):  # the template decides
+                out[-1]["reasoning"] = meta["reasoning"]
         return out
 
 

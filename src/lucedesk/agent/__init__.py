@@ -19,6 +19,7 @@ from lucedesk.agent.events import (
     MessageDone,
     Observer,
     PhaseChanged,
+    ReasoningStreamed,
     TextStreamed,
 )
 from lucedesk.agent.session import AgentResult, AgentSession, Limits, Runtime
@@ -43,6 +44,7 @@ __all__ = [
     "OpenAIBackend",
     "PhaseChanged",
     "Runtime",
+    "ReasoningStreamed",
     "TextStreamed",
     "ToolContext",
     "ToolError",

@@ -1,8 +1,8 @@
 """Where an agent's model turns run: the in-process engine, or any OpenAI-compatible server
 (another lucedesk, vLLM, llama.cpp's server). Both take the engine's neutral `TurnRequest`
-and give back a `TurnResult`, the reply's text streamed to `on_text` as it comes; an error
-is a result with finish "error", never an exception. Cancelling the caller cancels the
-request."""
+and give back a `TurnResult`, the reply's text streamed to `on_text` and its reasoning to
+`on_reasoning` as they come; an error is a result with finish "error", never an exception.
+Cancelling the caller cancels the request."""
 
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ def failed(error: str) -> TurnResult:
 class Backend(Protocol):
     label: str  # shown to the user: "local engine", a URL
 
-    async def turn(self, req: TurnRequest, owner: str, on_text: OnText) -> TurnResult: ...
+    async def turn(
+        self, req: TurnRequest, owner: str, on_text: OnText, on_reasoning: OnText
+    ) -> TurnResult: ...
 
 
 class EngineBackend:
@@ -36,12 +38,14 @@ class EngineBackend:
     def __init__(self, engine: Callable[[], Engine]) -> None:
         self.engine = engine
 
-    async def turn(self, req: TurnRequest, owner: str, on_text: OnText) -> TurnResult:
+    async def turn(
+        self, req: TurnRequest, owner: str, on_text: OnText, on_reasoning: OnText
+    ) -> TurnResult:
         try:
             turn = submit_turn(self.engine(), req, owner)
         except RequestError as exc:
             return failed(str(exc))
-        return await turn.collect(on_text)
+        return await turn.collect(on_text, on_reasoning)
 
 
 def wire_messages(messages: list[dict]) -> list[dict]:
@@ -62,6 +66,8 @@ def wire_messages(messages: list[dict]) -> list[dict]:
             out.append({"role": "tool", "tool_call_id": m["tool_call_id"], "content": m["content"]})
         else:
             out.append({"role": m["role"], "content": m["content"]})
+        if m.get("reasoning"):  # as llama.cpp and lucedesk take it back
+            out[-1]["reasoning_content"] = m["reasoning"]
     return out
 
 
@@ -96,6 +102,8 @@ def wire_body(req: TurnRequest, model: str) -> dict:
             else choice.mode
         )
         body["parallel_tool_calls"] = req.parallel_tool_calls
+    if req.reasoning is not None:
+        body["reasoning_effort"] = req.reasoning
     if req.response_format is not None:
         schema = json.loads(req.response_format.source)
         body["response_format"] = {
@@ -119,11 +127,14 @@ class OpenAIBackend:
         self.api_key = api_key
         self.model = model
 
-    async def turn(self, req: TurnRequest, owner: str, on_text: OnText) -> TurnResult:
+    async def turn(
+        self, req: TurnRequest, owner: str, on_text: OnText, on_reasoning: OnText
+    ) -> TurnResult:
         headers = {"X-Lucedesk-Client": owner}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         text: list[str] = []
+        reasoning: list[str] = []
         calls: dict[int, dict] = {}
         finish, usage = "stop", {}
         try:
@@ -148,6 +159,11 @@ class OpenAIBackend:
                         usage = event.get("usage") or usage
                         for choice in event.get("choices") or []:
                             delta = choice.get("delta") or {}
+                            # llama.cpp's name, else vLLM's
+                            thought = delta.get("reasoning_content") or delta.get("reasoning")
+                            if isinstance(thought, str) and thought:
+                                reasoning.append(thought)
+                                on_reasoning(thought)
                             if delta.get("content"):
                                 text.append(delta["content"])
                                 on_text(delta["content"])
@@ -174,6 +190,7 @@ class OpenAIBackend:
             usage.get("completion_tokens", 0),
             None,
             [],
+            reasoning="".join(reasoning),
         )
 
 

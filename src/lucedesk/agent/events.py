@@ -36,6 +36,15 @@ class TextStreamed:
 
 
 @dataclass(slots=True, frozen=True)
+class ReasoningStreamed:
+    """More reasoning of a streaming reply (`message["meta"]["reasoning"]` holds it all)."""
+
+    session: AgentSession
+    message: dict
+    text: str
+
+
+@dataclass(slots=True, frozen=True)
 class MessageDone:
     """A reply ended (its tool calls in `message["meta"]`) or a tool call has its result."""
 
@@ -49,5 +58,7 @@ class ChildStarted:
     child: AgentSession
 
 
-AgentEvent = PhaseChanged | MessageAdded | TextStreamed | MessageDone | ChildStarted
+AgentEvent = (
+    PhaseChanged | MessageAdded | TextStreamed | ReasoningStreamed | MessageDone | ChildStarted
+)
 Observer = Callable[[AgentEvent], None]

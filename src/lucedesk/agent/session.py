@@ -30,6 +30,7 @@ from lucedesk.agent.events import (
     MessageDone,
     Observer,
     PhaseChanged,
+    ReasoningStreamed,
     TextStreamed,
 )
 from lucedesk.agent.tools import ToolContext, ToolError, ToolSpec, tools_for
@@ -272,18 +273,28 @@ class AgentSession:
                 self.store.update_reply(reply, reply["content"])
                 saved_at = time.monotonic()
 
+        def on_reasoning(piece: str) -> None:
+            if not text:
+                self._set_phase("thinking")
+            reply["meta"]["reasoning"] = reply["meta"].get("reasoning", "") + piece
+            self.runtime.emit(ReasoningStreamed(self, reply, piece))
+
         meta: dict = {}
         try:
-            result = await self.runtime.backend.turn(req, self.owner, on_text)
+            result = await self.runtime.backend.turn(req, self.owner, on_text, on_reasoning)
         except BaseException as exc:  # cancelled, or broken: keep what was written
             meta = (
                 {"stopped": True}
                 if isinstance(exc, asyncio.CancelledError)
                 else {"error": str(exc)}
             )
+            if reply["meta"].get("reasoning"):
+                meta["reasoning"] = reply["meta"]["reasoning"]
             self.store.update_reply(reply, reply["content"], "done", meta)
             self.runtime.emit(MessageDone(self, reply))
             raise
+        if result.reasoning:
+            meta["reasoning"] = result.reasoning
         if result.calls:
             meta["tool_calls"] = [
                 {"id": c.id, "name": c.name, "arguments": c.arguments} for c in result.calls

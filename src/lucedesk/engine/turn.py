@@ -204,9 +204,13 @@ class Turn:
                 self.cancel()
                 result.cancel()
 
-    async def collect(self, on_text: Callable[[str], None] | None = None) -> TurnResult:
-        """The whole reply; `on_text` sees its text as it comes. Cancelling the caller
-        cancels the request."""
+    async def collect(
+        self,
+        on_text: Callable[[str], None] | None = None,
+        on_reasoning: Callable[[str], None] | None = None,
+    ) -> TurnResult:
+        """The whole reply; `on_text` sees its text as it comes, `on_reasoning` its
+        reasoning. Cancelling the caller cancels the request."""
         text: list[str] = []
         reasoning: list[str] = []
         logprobs: list[TokenLogprob] = []
@@ -219,6 +223,8 @@ class Turn:
                     on_text(event.text)
             elif isinstance(event, ReasoningPiece):
                 reasoning.append(event.text)
+                if on_reasoning is not None and event.text:
+                    on_reasoning(event.text)
             elif isinstance(event, TurnEnd):
                 logprobs.extend(event.logprobs)
                 end = event

@@ -15,6 +15,7 @@ from lucedesk.agent import (
     EngineBackend,
     Limits,
     OpenAIBackend,
+    ReasoningStreamed,
     Runtime,
     TextStreamed,
 )
@@ -35,7 +36,8 @@ class AgentRunner:
         self.extra_tools: list = []  # MCP servers' tools, once started
         self.live: dict[int, AgentSession] = {}  # by stored session id
         self.screen = None  # the main screen, once mounted: it renders agent events
-        self._held: dict[int, TextStreamed] = {}  # streamed text not yet handed on, by reply
+        # streamed text (and reasoning) not yet handed on, by reply and kind
+        self._held: dict[tuple[int, type], TextStreamed | ReasoningStreamed] = {}
         self._flush_at: asyncio.TimerHandle | None = None
         self.runtimes: dict[str, Runtime] = {}
         self._asking = asyncio.Lock()  # one approval dialog at a time
@@ -78,11 +80,11 @@ class AgentRunner:
         most ten times a second anyway; a message per token cost the engine's cores)."""
         if isinstance(event, ChildStarted):
             self.live[event.child.id] = event.child
-        if isinstance(event, TextStreamed):
-            key = event.message["id"]
+        if isinstance(event, TextStreamed | ReasoningStreamed):
+            key = (event.message["id"], type(event))
             held = self._held.get(key)
             text = held.text + event.text if held is not None else event.text
-            self._held[key] = TextStreamed(event.session, event.message, text)
+            self._held[key] = type(event)(event.session, event.message, text)
             if self._flush_at is None:
                 self._flush_at = asyncio.get_running_loop().call_later(FLUSH_S, self.flush)
             return

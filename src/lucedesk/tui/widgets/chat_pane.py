@@ -12,7 +12,14 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Label
 
-from lucedesk.agent import AgentSession, MessageAdded, MessageDone, PhaseChanged, TextStreamed
+from lucedesk.agent import (
+    AgentSession,
+    MessageAdded,
+    MessageDone,
+    PhaseChanged,
+    ReasoningStreamed,
+    TextStreamed,
+)
 from lucedesk.store import Session, export_markdown
 from lucedesk.tui.messages import AgentUpdate, PromptSubmitted, SessionsChanged
 from lucedesk.tui.widgets.chat_input import ChatInput
@@ -99,7 +106,8 @@ class ChatPane(Vertical, can_focus=False):
             view = MessageView("assistant")
         else:
             title = f"{m['role']} · interrupted" if m.get("status") == "interrupted" else None
-            view = MessageView(m["role"], m["content"], title=title)
+            reasoning = (m.get("meta") or {}).get("reasoning", "")
+            view = MessageView(m["role"], m["content"], title=title, reasoning=reasoning)
         if "id" in m:
             self.views[m["id"]] = view
         return view
@@ -255,6 +263,10 @@ class ChatPane(Vertical, can_focus=False):
                 missing = event.message["content"][len(view.content) :]
                 if missing:
                     await view.append(missing)
+        elif isinstance(event, ReasoningStreamed):
+            view = self.views.get(event.message["id"])
+            if isinstance(view, MessageView):
+                await view.show_reasoning(event.message["meta"].get("reasoning", ""))
         elif isinstance(event, MessageDone):
             view = self.views.get(event.message["id"])
             if isinstance(view, ToolCallView):
@@ -267,7 +279,9 @@ class ChatPane(Vertical, can_focus=False):
                 await view.finish(note)
                 if event.message["content"] and view.content != event.message["content"]:
                     await view.replace(event.message["content"])
-                if not view.content and meta.get("tool_calls"):
+                if meta.get("reasoning"):
+                    await view.show_reasoning(meta["reasoning"])
+                if not view.content and not meta.get("reasoning") and meta.get("tool_calls"):
                     await view.remove()  # the calls follow, each in its own block
 
     def stop(self, take_back: bool = True) -> bool:

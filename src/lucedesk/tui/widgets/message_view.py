@@ -1,4 +1,5 @@
-"""One message of a conversation, rendered as Markdown; replies stream into it."""
+"""One message of a conversation, rendered as Markdown; replies stream into it, their
+reasoning (a thinking model's) folded under the title."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import time
 
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.widgets import Label, Markdown
+from textual.widgets import Collapsible, Label, Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
 
@@ -21,20 +22,45 @@ class MessageView(Vertical):
     MessageView.user > Label { color: $accent; }
     MessageView.assistant > Label { color: $success; }
     MessageView > Markdown { margin: 0; padding: 0 1; }
+    MessageView > Collapsible { margin: 0; padding: 0; border: none; }
+    MessageView .reasoning { color: $text-muted; padding: 0 1; }
     """
 
-    def __init__(self, role: str, content: str = "", title: str | None = None) -> None:
+    def __init__(
+        self, role: str, content: str = "", title: str | None = None, reasoning: str = ""
+    ) -> None:
         super().__init__(classes=role)
         self.role = role
         self.content = content
         self.title = title or role
+        self.reasoning = reasoning
         self._stream: MarkdownStream | None = None
         self._pending = ""
         self._rendered_at = 0.0
 
     def compose(self) -> ComposeResult:
         yield Label(self.title)
+        if self.reasoning:
+            yield self._reasoning_block()
         yield Markdown(self.content)
+
+    def _reasoning_block(self) -> Collapsible:
+        return Collapsible(
+            Static(self.reasoning, classes="reasoning", markup=False),
+            title="thinking",
+            collapsed=True,
+        )
+
+    async def show_reasoning(self, reasoning: str) -> None:
+        """The reply's reasoning so far, folded (opened by a click)."""
+        if reasoning == self.reasoning and self.query(Collapsible):
+            return
+        self.reasoning = reasoning
+        found = self.query(Collapsible)
+        if found:
+            found.first().query_one(".reasoning", Static).update(reasoning)
+            return
+        await self.mount(self._reasoning_block(), before=self.markdown)
 
     @property
     def markdown(self) -> Markdown:
