@@ -31,22 +31,35 @@ def random_experts(num: int, n: int, k: int, bits: int, seed: int):
 
 
 @pytest.mark.parametrize("bits,table", FORMATS)
-@pytest.mark.parametrize("counts", [[3, 0, 1, 9, 2], [0, 0, 17, 0, 0], [1, 1, 1, 1, 1]])
-def test_grouped_rows_equal_their_expert_alone(bits, table, counts):
+@pytest.mark.parametrize("pairs", [(20, 5, 2), (7, 5, 1), (1, 5, 4), (33, 3, 3)])
+def test_grouped_pairs_equal_their_expert_alone(bits, table, pairs):
+    """Tokens x top-k pairs over a few experts (some never chosen, some by every token):
+    each pair's output equals its row times its expert's weight alone, bit for bit, with the
+    rows shared by pairs (gate/up) or one a pair (down)."""
+    num_tokens, num_experts, per_token = pairs
     n, k = 96, 128
-    levels, d, m, g = random_experts(len(counts), n, k, bits, sum(counts) + bits)
-    x = torch.randn(sum(counts), k, generator=g).bfloat16()
+    levels, d, m, g = random_experts(num_experts, n, k, bits, num_tokens + bits)
+    x = torch.randn(num_tokens, k, generator=g).bfloat16()
+    ids = torch.stack(
+        [torch.randperm(num_experts, generator=g)[:per_token] for _ in range(num_tokens)]
+    )
+    if num_tokens > 1:
+        ids[-1] = ids[0]  # two tokens with the same experts
+    experts = ids.reshape(-1)
+    rows = torch.arange(num_tokens).repeat_interleave(per_token)
     for vector in PATHS:
-        grouped = GroupedLowBitWeight(len(counts), (n, k), bits, table, vector=vector)
-        for e in range(len(counts)):
+        grouped = GroupedLowBitWeight(num_experts, (n, k), bits, table, vector=vector)
+        for e in range(num_experts):
             grouped.set(e, levels[e], d[e], m[e])
-        got = grouped(x, torch.tensor(counts))
-        start = 0
-        for e, rows in enumerate(counts):
+        shared = grouped(x, experts, rows)
+        own = grouped(x[rows], experts)
+        assert torch.equal(shared, own)
+        for e in range(num_experts):
             alone = LowBitWeight(levels[e], d[e], m[e], bits, vector=vector, table=table)
-            assert torch.equal(got[start : start + rows], alone(x[start : start + rows]))
             assert torch.equal(grouped.dequantize(e), alone.dequantize())
-            start += rows
+            chosen = (experts == e).nonzero().flatten()
+            if len(chosen):
+                assert torch.equal(shared[chosen], alone(x[rows[chosen]]))
 
 
 def test_a_level_table_is_looked_up():
@@ -83,10 +96,15 @@ def test_file_blocks_are_held_exactly(qtype):
 
 def test_grouped_weights_refuse_what_they_cannot_run():
     grouped = GroupedLowBitWeight(3, (32, 64), 4)
-    with pytest.raises(RuntimeError, match="counts sum to 4"):
-        grouped(torch.randn(5, 64).bfloat16(), torch.tensor([1, 2, 1]))
+    x = torch.randn(4, 64).bfloat16()
+    with pytest.raises(RuntimeError, match="one row per pair"):
+        grouped(x, torch.tensor([0, 1, 2]))
+    with pytest.raises(RuntimeError, match="expert 3 out of range"):
+        grouped(x, torch.tensor([0, 1, 2, 3]))
+    with pytest.raises(RuntimeError, match="row out of range"):
+        grouped(x, torch.tensor([0, 1]), torch.tensor([0, 4]))
     with pytest.raises(ValueError, match="bfloat16"):
-        grouped(torch.randn(4, 64), torch.tensor([1, 2, 1]))
+        grouped(x.float(), torch.tensor([0, 1, 2, 0]))
     with pytest.raises(ValueError, match="a level table is for 4-bit"):
         GroupedLowBitWeight(3, (32, 64), 8, MXFP4_LEVELS)
 

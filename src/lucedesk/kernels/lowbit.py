@@ -1,6 +1,6 @@
 """Weights held as 4- or 8-bit levels, multiplied in C++ (csrc/lowbit.h): one matrix
-(`LowBitWeight`), or a mixture of experts' matrices multiplied in one grouped pass over rows
-sorted by expert (`GroupedLowBitWeight`).
+(`LowBitWeight`), or a mixture of experts' matrices multiplied in one grouped pass over
+(row, expert) pairs (`GroupedLowBitWeight`).
 
 A weight is w = d * level + m per group of 32 inputs. At 4 bits a level is either the nibble
 itself (llama.cpp's Q4_0, Q4_1 and Q4_K blocks) or a nibble looked up in a 16-entry table
@@ -180,16 +180,20 @@ class GroupedLowBitWeight:
         m = self.m[expert].transpose(1, 2).reshape(n, -1, 1)
         return (levels.float().view(n, -1, 32) * d + m).view(n, k)
 
-    def __call__(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """x: [P, K] bfloat16, rows sorted by expert; counts: [E] rows per expert ->
-        [P, N] bfloat16, each row times its expert's weight."""
+    def __call__(
+        self, x: torch.Tensor, experts: torch.Tensor, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Pair p is x's row rows[p] (row p without `rows`) times expert experts[p]'s
+        weight: x [R, K] bfloat16, experts and rows [P] -> [P, N] bfloat16 in pair order.
+        The C++ pass groups the pairs by expert and reads each chosen expert once."""
         require(x.dtype == torch.bfloat16, f"low-bit weights take bfloat16 inputs, got {x.dtype}")
-        return self._ops.lowbit_grouped_linear(
+        return self._ops.lowbit_moe_linear(
             x.contiguous(),
+            None if rows is None else rows.to(torch.int64).contiguous(),
+            experts.to(torch.int64).contiguous(),
             self.q,
             self.d,
             self.m,
-            counts.to(torch.int64).cpu().contiguous(),
             self.bits,
             self.vector,
             self.lut,

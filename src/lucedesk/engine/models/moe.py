@@ -3,10 +3,10 @@ picks `num_experts_per_tok` experts per token and the token's output is the weig
 their gated MLPs.
 
 One pass per layer runs every selected expert of every row: the (token, expert) pairs are
-sorted by expert, each expert's rows multiplied by its weights in one grouped matmul
-(kernels.grouped_linear, or the C++ low-bit pass for quantized experts), and each token's k
-results summed in the order the router ranked them. Nothing a row computes depends on the
-other rows, so batching changes no token's result.
+grouped by expert, each expert's rows multiplied by its weights in one grouped matmul
+(kernels.grouped_linear over the pairs sorted here, or the C++ low-bit pass, which groups
+them itself), and each token's k results summed in the order the router ranked them.
+Nothing a row computes depends on the other rows, so batching changes no token's result.
 """
 
 from __future__ import annotations
@@ -38,9 +38,12 @@ def gated(c: ModelConfig, gate_up: torch.Tensor) -> torch.Tensor:
 
 
 class GroupedProjection(Protocol):
-    """Experts' weights in another format (low-bit): rows sorted by expert -> outputs."""
+    """Experts' weights in another format (low-bit, kernels.lowbit.GroupedLowBitWeight):
+    pair p is x's row rows[p] (row p without rows) times expert experts[p]'s weight."""
 
-    def __call__(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor: ...
+    def __call__(
+        self, x: torch.Tensor, experts: torch.Tensor, rows: torch.Tensor | None = None
+    ) -> torch.Tensor: ...
 
 
 class Experts(nn.Module):
@@ -65,63 +68,59 @@ class Experts(nn.Module):
     def ready(self) -> bool:
         return all(p in self.quantized or getattr(self, p).numel() > 0 for p in EXPERT_PROJECTIONS)
 
-    def project(
-        self, name: str, x: torch.Tensor, counts: torch.Tensor, kernels: Kernels
-    ) -> torch.Tensor:
-        quantized = self.quantized.get(name)
-        if quantized is not None:
-            return quantized(x, counts)
-        return kernels.grouped_linear(x, getattr(self, name), counts)
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, kernels: Kernels) -> torch.Tensor:
+        """x: [T, H], ids: [T, k] each token's experts -> [T, k, H], each pair's output."""
+        T, k = ids.shape
+        flat = ids.reshape(-1)  # pair p is token p // k and expert flat[p]
+        if self.quantized:  # the C++ pass groups the pairs itself
+            tokens = torch.arange(T).repeat_interleave(k)
+            h = self.quantized["gate_up"](x, flat, tokens)  # [P, 2I]
+            h = self._bias(h, self.gate_up_bias, flat)
+            y = self.quantized["down"](gated(self.c, h), flat)  # [P, H]
+            return self._bias(y, self.down_bias, flat).view(T, k, -1)
+        # Dense weights: the pairs sorted by expert for one grouped matmul each, and back.
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.c.num_experts)
+        chosen = flat[order]
+        h = kernels.grouped_linear(x.index_select(0, order // k), self.gate_up, counts)
+        h = self._bias(h, self.gate_up_bias, chosen)
+        y = kernels.grouped_linear(gated(self.c, h), self.down, counts)
+        y = self._bias(y, self.down_bias, chosen)
+        return torch.empty_like(y).index_copy_(0, order, y).view(T, k, -1)
 
-    def forward(
-        self, x: torch.Tensor, expert_ids: torch.Tensor, counts: torch.Tensor, kernels: Kernels
-    ) -> torch.Tensor:
-        """x: [P, H] rows sorted by expert, expert_ids: [P] each row's expert, counts: [E]
-        -> [P, H]."""
-        h = self.project("gate_up", x, counts, kernels)  # [P, 2I]
-        if self.gate_up_bias is not None:
-            h = h + self.gate_up_bias[expert_ids]
-        y = self.project("down", gated(self.c, h), counts, kernels)  # [P, H]
-        if self.down_bias is not None:
-            y = y + self.down_bias[expert_ids]
-        return y
+    @staticmethod
+    def _bias(h: torch.Tensor, bias: torch.Tensor | None, experts: torch.Tensor) -> torch.Tensor:
+        return h if bias is None else h + bias[experts]
 
 
 class MoEBlock(nn.Module):
     def __init__(self, c: ModelConfig, dtype: torch.dtype) -> None:
         super().__init__()
         self.c = c
-        self.router = nn.Parameter(torch.empty(c.num_experts, c.hidden_size, dtype=dtype))
-        self.router_bias = (
-            nn.Parameter(torch.zeros(c.num_experts, dtype=dtype)) if c.expert_bias else None
-        )
+        # The router is tiny (experts x hidden) and runs in float32: a small matmul in bf16
+        # costs more than the whole float32 one.
+        self.router = nn.Parameter(torch.empty(c.num_experts, c.hidden_size))
+        self.router_bias = nn.Parameter(torch.zeros(c.num_experts)) if c.expert_bias else None
         self.experts = Experts(c, dtype)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [T, H] -> (weights [T, k] in x's dtype, expert ids [T, k]), best first."""
         c = self.c
-        logits = F.linear(x, self.router, self.router_bias)  # [T, E]
-        if c.router == "softmax_topk":
-            probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        logits = F.linear(x.float(), self.router, self.router_bias)  # [T, E]
+        if c.router == "softmax_topk" and not c.norm_topk_prob:
+            probs = torch.softmax(logits, dim=-1)
             weights, ids = torch.topk(probs, c.num_experts_per_tok, dim=-1)
-            if c.norm_topk_prob:
-                weights = weights / weights.sum(dim=-1, keepdim=True)
             return weights.to(x.dtype), ids
-        top, ids = torch.topk(logits, c.num_experts_per_tok, dim=-1)  # topk_softmax
-        return torch.softmax(top, dim=-1, dtype=top.dtype), ids
+        # The top k of a softmax renormalized over them is the softmax of the top k logits.
+        top, ids = torch.topk(logits, c.num_experts_per_tok, dim=-1)
+        return torch.softmax(top, dim=-1).to(x.dtype), ids
 
     def forward(self, x: torch.Tensor, kernels: Kernels) -> torch.Tensor:
         """x: [T, H] -> [T, H]."""
-        T, k = x.shape[0], self.c.num_experts_per_tok
         weights, ids = self.route(x)
-        flat = ids.reshape(-1)  # [T*k] pair -> expert, pair p is token p // k
-        order = torch.argsort(flat, stable=True)  # pairs sorted by expert
-        counts = torch.bincount(flat, minlength=self.c.num_experts)
-        rows = x.index_select(0, order // k)  # [P, H]
-        y = self.experts(rows, flat[order], counts, kernels)
-        pairs = torch.empty_like(y).index_copy_(0, order, y).view(T, k, -1)
+        pairs = self.experts(x, ids, kernels)  # [T, k, H]
         out = pairs[:, 0] * weights[:, :1]
-        for j in range(1, k):  # in rank order, whatever else is in the batch
+        for j in range(1, ids.shape[1]):  # in rank order, whatever else is in the batch
             out = out + pairs[:, j] * weights[:, j : j + 1]
         return out
 

@@ -230,52 +230,87 @@ at::Tensor lowbit_linear(const at::Tensor& x, const at::Tensor& q, const at::Ten
   return y;
 }
 
-// Mixture of experts: x's rows sorted by expert, counts[e] of them for expert e, each row
-// multiplied by its own expert's weight (q [E, N/16, K/32, 64 * bits], d and m [E, ...]).
-// One pass: the tasks are (expert with rows, block of sixteen channels).
-at::Tensor lowbit_grouped_linear(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d,
-                                 const at::Tensor& m, const at::Tensor& counts, int64_t bits,
-                                 bool vector, const std::optional<at::Tensor>& lut) {
+// Mixture of experts: pair p multiplies x's row rows[p] (row p without `rows`) by expert
+// experts[p]'s weight (q [E, N/16, K/32, 64 * bits], d and m [E, ...]) -> y [P, N], in pair
+// order. The pairs are grouped by expert here (a counting sort, in pair order within an
+// expert), x's rows are quantized once however many pairs share them, and one pass runs
+// the tasks (expert with pairs, block of sixteen channels): each selected expert's weights
+// are read once. A pair's result is what its expert's weight alone gives its row.
+at::Tensor lowbit_moe_linear(const at::Tensor& x, const std::optional<at::Tensor>& rows,
+                             const at::Tensor& experts, const at::Tensor& q,
+                             const at::Tensor& d, const at::Tensor& m, int64_t bits,
+                             bool vector, const std::optional<at::Tensor>& lut) {
   check_lowbit_args(bits, vector, lut);
   TORCH_CHECK(q.dim() == 4 && q.is_contiguous() && q.scalar_type() == at::kByte &&
                   q.size(3) == 64 * bits,
-              "lowbit grouped linear: q must be uint8 [E, N/16, K/32, 64 * bits]");
-  const int64_t E = q.size(0), N = q.size(1) * 16, K = q.size(2) * 32, M = x.size(0);
-  TORCH_CHECK(counts.dim() == 1 && counts.size(0) == E && counts.scalar_type() == at::kLong &&
-                  counts.is_contiguous() && counts.device().is_cpu(),
-              "lowbit grouped linear: counts must be int64 [E] on the CPU");
+              "lowbit moe linear: q must be uint8 [E, N/16, K/32, 64 * bits]");
+  const int64_t E = q.size(0), N = q.size(1) * 16, K = q.size(2) * 32, R = x.size(0);
+  TORCH_CHECK(experts.dim() == 1 && experts.scalar_type() == at::kLong &&
+                  experts.is_contiguous() && experts.device().is_cpu(),
+              "lowbit moe linear: experts must be int64 [P] on the CPU");
+  const int64_t P = experts.size(0);
   TORCH_CHECK(d.numel() == E * N * (K / 32) && m.numel() == E * N * (K / 32),
-              "lowbit grouped linear: d and m must hold one scale per expert, channel, group");
+              "lowbit moe linear: d and m must hold one scale per expert, channel, group");
   check_int8_inputs(x, d.view({-1, K / 32}), m.view({-1, K / 32}), E * N, K);
-  const int64_t* cp = counts.data_ptr<int64_t>();
-  std::vector<int64_t> experts, starts;  // the experts with rows, and their first row
-  int64_t total = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    TORCH_CHECK(cp[e] >= 0, "lowbit grouped linear: negative count");
-    if (cp[e] > 0) experts.push_back(e), starts.push_back(total);
-    total += cp[e];
+  const int64_t* ep = experts.data_ptr<int64_t>();
+  const int64_t* rp = nullptr;
+  if (rows.has_value()) {
+    TORCH_CHECK(rows->dim() == 1 && rows->size(0) == P && rows->scalar_type() == at::kLong &&
+                    rows->is_contiguous() && rows->device().is_cpu(),
+                "lowbit moe linear: rows must be int64 [P] on the CPU, one per expert");
+    rp = rows->data_ptr<int64_t>();
+  } else {
+    TORCH_CHECK(R == P, "lowbit moe linear: without rows, x has one row per pair");
   }
-  TORCH_CHECK(total == M, "lowbit grouped linear: counts sum to ", total, ", x has ", M, " rows");
-  at::Tensor y = at::empty({M, N}, x.options());
-  if (M == 0) return y;
-  const RowsQ8 xq = quantize_rows(x.data_ptr<c10::BFloat16>(), M, K);
+  // Group the pairs by expert: starts[e] .. starts[e + 1] of `order`.
+  std::vector<int64_t> starts(E + 1, 0), order(P);
+  for (int64_t p = 0; p < P; ++p) {
+    TORCH_CHECK(ep[p] >= 0 && ep[p] < E, "lowbit moe linear: expert ", ep[p], " out of range");
+    TORCH_CHECK(!rp || (rp[p] >= 0 && rp[p] < R), "lowbit moe linear: row out of range");
+    ++starts[ep[p] + 1];
+  }
+  for (int64_t e = 0; e < E; ++e) starts[e + 1] += starts[e];
+  {
+    std::vector<int64_t> next(starts.begin(), starts.end() - 1);
+    for (int64_t p = 0; p < P; ++p) order[next[ep[p]]++] = p;
+  }
+  at::Tensor y = at::empty({P, N}, x.options());
+  if (P == 0) return y;
+  // x's rows quantized once, then laid out in the grouped order.
+  const RowsQ8 xq = quantize_rows(x.data_ptr<c10::BFloat16>(), R, K);
+  const int64_t groups = K / 32;
+  RowsQ8 grouped{std::vector<int8_t>(P * K), std::vector<float>(P * groups),
+                 std::vector<float>(P * groups)};
+  for (int64_t i = 0; i < P; ++i) {
+    const int64_t r = rp ? rp[order[i]] : order[i];
+    std::memcpy(grouped.q.data() + i * K, xq.q.data() + r * K, K);
+    std::memcpy(grouped.d.data() + i * groups, xq.d.data() + r * groups, groups * 4);
+    std::memcpy(grouped.s.data() + i * groups, xq.s.data() + r * groups, groups * 4);
+  }
+  std::vector<int64_t> active;  // the experts with pairs
+  for (int64_t e = 0; e < E; ++e)
+    if (starts[e + 1] > starts[e]) active.push_back(e);
   const uint8_t* qp = q.data_ptr<uint8_t>();
   const float *dp = d.data_ptr<float>(), *mp = m.data_ptr<float>();
   const uint8_t* table = lut.has_value() ? lut->data_ptr<uint8_t>() : nullptr;
-  c10::BFloat16* yp = y.data_ptr<c10::BFloat16>();
-  const int64_t blocks = N / 16, q_expert = q.numel() / E, s_expert = N * (K / 32);
-  at::parallel_for(0, static_cast<int64_t>(experts.size()) * blocks, 1,
+  std::vector<c10::BFloat16> sorted(P * N);
+  const int64_t blocks = N / 16, q_expert = q.numel() / E, s_expert = N * groups;
+  at::parallel_for(0, static_cast<int64_t>(active.size()) * blocks, 1,
                    [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t i = t / blocks, b = t % blocks, e = experts[i];
+      const int64_t e = active[t / blocks], b = t % blocks;
+      const int64_t first = starts[e], count = starts[e + 1] - starts[e];
       const uint8_t* qe = qp + e * q_expert;
       const float *de = dp + e * s_expert, *me = mp + e * s_expert;
       if (bits == 4)
-        lowbit_block<4>(xq, qe, de, me, yp, starts[i], cp[e], N, K, b, vector, table);
+        lowbit_block<4>(grouped, qe, de, me, sorted.data(), first, count, N, K, b, vector, table);
       else
-        lowbit_block<8>(xq, qe, de, me, yp, starts[i], cp[e], N, K, b, vector, table);
+        lowbit_block<8>(grouped, qe, de, me, sorted.data(), first, count, N, K, b, vector, table);
     }
   });
+  c10::BFloat16* yp = y.data_ptr<c10::BFloat16>();
+  for (int64_t i = 0; i < P; ++i)
+    std::memcpy(yp + order[i] * N, sorted.data() + i * N, N * sizeof(c10::BFloat16));
   return y;
 }
 

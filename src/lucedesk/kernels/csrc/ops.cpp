@@ -29,9 +29,9 @@ TORCH_LIBRARY(lucedesk_cpu, m) {
       "Tensor? lut) -> Tensor",
       &lowbit_linear);
   m.def(
-      "lowbit_grouped_linear(Tensor x, Tensor q, Tensor d, Tensor m, Tensor counts, int bits, "
-      "bool vector, Tensor? lut) -> Tensor",
-      &lowbit_grouped_linear);
+      "lowbit_moe_linear(Tensor x, Tensor? rows, Tensor experts, Tensor q, Tensor d, Tensor m, "
+      "int bits, bool vector, Tensor? lut) -> Tensor",
+      &lowbit_moe_linear);
   m.def("lowbit_vector_available() -> bool", &lowbit_vector_available);
   m.def("rotary_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin) -> ()",
         &rotary_);
