@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFWriter
 
@@ -101,6 +102,38 @@ def test_missing_tensor(tmp_path, tiny_llama):
     del weights["model.layers.1.mlp.up_proj.weight"]
     save_file(weights, folder / "model.safetensors")
     with pytest.raises(ModelLoadError, match="missing tensor 'model.layers.1.mlp.up_proj.weight'"):
+        load_model(folder)
+
+
+def test_shapes_no_family_runs_are_named(tiny_models, tmp_path):
+    """A mixture choosing more experts than it has, a sliding layer without a window, a
+    Gemma 3 with softcapping: each refused, naming the setting."""
+    cases = [
+        ("qwen3moe", {"num_experts_per_tok": 9}, "9 experts per token of 8"),
+        ("gpt-oss", {"sliding_window": 0}, "sliding layers without a sliding window"),
+        ("gemma3", {"final_logit_softcapping": 30.0}, "final_logit_softcapping is set"),
+    ]
+    for arch, change, message in cases:
+        folder = tmp_path / arch
+        shutil.copytree(tiny_models[arch], folder)
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, **change}))
+        with pytest.raises(ModelLoadError, match=message):
+            load_model(folder)
+
+
+def test_gpt_oss_mxfp4_folders_point_to_the_gguf(tiny_models, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "oss"
+    shutil.copytree(tiny_models["gpt-oss"], folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    name = "model.layers.0.mlp.experts.gate_up_proj"
+    tensors[name + "_blocks"] = torch.zeros(8, 64, 2, 16, dtype=torch.uint8)
+    tensors[name + "_scales"] = torch.zeros(8, 64, 2, dtype=torch.uint8)
+    del tensors[name]
+    save_file(tensors, str(folder / "model.safetensors"))
+    with pytest.raises(ModelLoadError, match="MXFP4 blocks .* load the .gguf"):
         load_model(folder)
 
 

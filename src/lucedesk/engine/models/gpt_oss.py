@@ -14,6 +14,7 @@ import torch
 
 from lucedesk.engine.models.config import FULL, SLIDING, ModelConfig
 from lucedesk.engine.models.family import Family, Weights
+from lucedesk.errors import ModelLoadError
 
 HF_LAYER_TYPES = {"sliding_attention": SLIDING, "full_attention": FULL}
 
@@ -84,6 +85,11 @@ def _from_gguf(gguf, c: ModelConfig) -> ModelConfig:
 def _hf_weights(weights: Weights, c: ModelConfig) -> Weights:
     """transformers keeps experts as x @ W ([E, H, 2I], gate and up interleaved by
     column): turned into the shared [E, 2I, H] with the gate rows first."""
+    if any(name.endswith("_proj_blocks") for name in weights):
+        raise ModelLoadError(
+            "gpt-oss experts in MXFP4 blocks (the checkpoint as OpenAI publishes it) are read "
+            "from its GGUF file, not from a Hugging Face folder: load the .gguf"
+        )
     for i in range(c.num_layers):
         p = f"model.layers.{i}.mlp.experts."
         if p + "gate_up_proj" in weights:
