@@ -432,7 +432,12 @@ async def test_a_finished_command_returns_at_once_and_its_background_child_is_ki
 
 
 async def test_a_child_that_leaves_the_group_does_not_hang_the_call(ws):
-    command = "setsid sh -c 'echo $$ > bg.pid; exec sleep 30' & echo started"
+    # The shell waits until the child has left its group (written its pid from its new
+    # session): exiting earlier, the group kill could still reach it.
+    command = (
+        "setsid sh -c 'echo $$ > bg.pid; exec sleep 30' & "
+        "while [ ! -s bg.pid ]; do sleep 0.01; done; echo started"
+    )
     try:
         result = await run(ws, command, timeout=20)
         assert result.splitlines()[1].startswith("exit code 0; a process it started outside")

@@ -106,11 +106,11 @@ def test_missing_tensor(tmp_path, tiny_llama):
 
 
 def test_shapes_no_family_runs_are_named(tiny_models, tmp_path):
-    """A mixture choosing more experts than it has, a sliding layer without a window, a
-    Gemma 3 with softcapping: each refused, naming the setting."""
+    """A mixture choosing more experts than it has, a layer type no kernel has, a Gemma 3
+    with softcapping: each refused, naming the setting."""
     cases = [
         ("qwen3moe", {"num_experts_per_tok": 9}, "9 experts per token of 8"),
-        ("gpt-oss", {"sliding_window": 0}, "sliding layers without a sliding window"),
+        ("gpt-oss", {"layer_types": ["sliding_attention", "chunked"]}, "full or sliding"),
         ("gemma3", {"final_logit_softcapping": 30.0}, "final_logit_softcapping is set"),
     ]
     for arch, change, message in cases:

@@ -94,3 +94,30 @@ def test_low_bit_experts_come_from_the_file_and_batch_as_alone(
     batched = run_jobs(engine, jobs)
     assert batched == run_alone(loaded, jobs, "cpu", "q4")
     assert [len(b) for b in batched] == [j.params.max_tokens for j in jobs]
+
+
+def test_a_mixture_takes_a_step_without_rows(tiny_models):
+    loaded = load_model(tiny_models["qwen3moe"], torch.float32)
+    moe = loaded.model.layers[0].moe
+    out = moe(torch.empty(0, loaded.config.hidden_size), loaded.model.kernels)
+    assert out.shape == (0, loaded.config.hidden_size)
+
+
+def test_gemma_norms_in_bf16_round_as_the_reference(tiny_models):
+    """(1 + w) held in float32 and multiplied before the one rounding to bf16, as
+    transformers' Gemma3RMSNorm does (in bf16 the weight itself would lose w's bits)."""
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+
+    from lucedesk.kernels.layers_torch import rms_norm
+
+    loaded = load_model(tiny_models["gemma3"], torch.bfloat16)
+    assert loaded.model.layers[0].attn_norm.dtype == torch.float32
+    assert loaded.model.layers[0].q_norm.dtype == torch.float32
+    hidden, eps = loaded.config.hidden_size, loaded.config.rms_norm_eps
+    g = torch.Generator().manual_seed(3)
+    w = (torch.randn(hidden, generator=g) * 0.1).bfloat16()  # a bf16 checkpoint's weight
+    reference = Gemma3RMSNorm(hidden, eps=eps).bfloat16()
+    reference.weight.data = w
+    x = (torch.randn(17, hidden, generator=g) * 4).bfloat16()
+    assert torch.equal(rms_norm(x, w.float() + 1, eps), reference(x))
+    assert not torch.equal(rms_norm(x, (w.float() + 1).bfloat16(), eps), reference(x))

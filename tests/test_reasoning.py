@@ -58,6 +58,8 @@ HARMONY_REPLIES = [
     "<|channel|>final<|message|>just an answer, <|end with a bar",
     "<|channel|>analysis<|message|>thinking until the tokens ran o",
     '<|channel|>commentary to=functions.unknown_tool <|constrain|>json<|message|>{"a": 1}',
+    "<|channel|>commentary<|message|>Checking." + NEXT + "<|channel|>final<|message|>Sunny.",
+    "a reply that never wrote a header",
 ]
 
 
@@ -126,6 +128,10 @@ def test_harmony_channels_split_the_same_in_any_cut(text):
         assert not calls and answer == '{"a": 1}'
     if "<|end with" in text:  # text that only starts like a marker is text
         assert answer == "just an answer, <|end with a bar"
+    if "Sunny" in text:  # a preamble and the final answer: two paragraphs
+        assert answer == "Checking.\n\nSunny." and not reasoning
+    if "never wrote" in text:  # without a grammar nothing forces a header: kept as text
+        assert answer == text
 
 
 def test_a_harmony_call_cut_short_is_marked_incomplete():

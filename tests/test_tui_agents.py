@@ -155,13 +155,18 @@ async def test_a_replys_reasoning_is_folded_under_it(env):
         await wait_for(pilot, lambda: bool(pane.query(Collapsible)))
         block = folded()
         assert block.collapsed and block.title == "thinking"
-        assert str(block.query_one(".reasoning", Static).render()) == "Weighing it carefully."
+
+        def shown() -> str:
+            return str(folded().query_one(".reasoning", Static).render())
+
+        folded().collapsed = False  # opened: the whole reasoning
+        await wait_for(pilot, lambda: shown() == "Weighing it carefully.")
         stored = pane.session.messages[-1]
         assert stored["meta"]["reasoning"] == "Weighing it carefully."
         await pane.show_session(app.store.session(pane.session.id))  # as after a restart
         await wait_for(pilot, lambda: bool(pane.query(Collapsible)))
         assert folded().collapsed
-        assert str(folded().query_one(".reasoning", Static).render()) == "Weighing it carefully."
+        assert shown() == "Weighing it carefully."
 
 
 CRASHING_TUI = """

@@ -293,8 +293,9 @@ class AgentSession:
             self.store.update_reply(reply, reply["content"], "done", meta)
             self.runtime.emit(MessageDone(self, reply))
             raise
-        if result.reasoning:
-            meta["reasoning"] = result.reasoning
+        reasoning = result.reasoning or reply["meta"].get("reasoning", "")
+        if reasoning:  # what streamed stays, also when the turn failed midway
+            meta["reasoning"] = reasoning
         if result.calls:
             meta["tool_calls"] = [
                 {"id": c.id, "name": c.name, "arguments": c.arguments} for c in result.calls

@@ -21,6 +21,7 @@ from lucedesk.engine.models.expert_weights import (
     materialize_dense,
     quantize_experts,
 )
+from lucedesk.engine.models.gguf_blocks import FOUR_BIT_TYPES
 from lucedesk.engine.models.loader import LoadedModel, load_model
 from lucedesk.engine.runner import TorchSeqEngine
 from lucedesk.engine.scheduler import Scheduler
@@ -161,12 +162,14 @@ def assemble(loaded: LoadedModel, config: EngineConfig, device: torch.device) ->
         config.max_model_len or loaded.config.max_position_embeddings,
         loaded.config.max_position_embeddings,
     )
+    kernels = resolve_kernels(config.kernels, device)
+    # The weights take their final form first (a mixture's experts are read from the file
+    # only now): the KV pool is sized from the memory left after them.
+    weights = apply_weight_format(model, config.weights, kernels)
     pool_tokens = derive_pool_tokens(
         config, loaded.config, model.dtype, available_memory(device, config.unified_memory), max_len
     )
     num_blocks = max(pool_tokens // config.block_size, 1)
-    kernels = resolve_kernels(config.kernels, device)
-    weights = apply_weight_format(model, config.weights, kernels)
     runner = TorchSeqEngine(model, num_blocks, config.block_size, kernels, device)
     scheduler = Scheduler(config, num_blocks, max_len)
     engine = Engine(runner, scheduler, loaded.tokenizer, loaded.name, config.max_waiting)
@@ -261,8 +264,7 @@ def _first_type(model: DecoderModel) -> str | None:
 def _four_bit_file(model: DecoderModel) -> bool:
     """Whether the file holds the first layer's MLP weights in a 4-bit type."""
     if model.layers[0].moe is not None:
-        first = model.expert_source and model.expert_source.levels(0, "gate_up", 0)
-        return bool(first) and first.bits == 4
+        return _first_type(model) in (*FOUR_BIT_TYPES, "MXFP4")
     source = model.four_bit_source
     return source is not None and source(0, "gate_up_proj").four_bit
 

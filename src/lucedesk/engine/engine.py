@@ -4,24 +4,23 @@ cancels and reads handles."""
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from lucedesk.engine.chat_encoder import ChatEncoder
 from lucedesk.engine.grammar import Grammar, GrammarCompiler
 from lucedesk.engine.handle import RequestHandle, RequestOutput, TokenLogprob
-from lucedesk.engine.models.chat import ChatPrompt, render_prompt
+from lucedesk.engine.models.chat import ChatPrompt
 from lucedesk.engine.models.tokenizer import IncrementalDetokenizer, Tokenizer
-from lucedesk.engine.reasoning import opens_reasoning, reasoning_format, reasoning_switch
 from lucedesk.engine.request import FinishReason, Request, SamplingParams
 from lucedesk.engine.scheduler import Scheduler, StepPlan
 from lucedesk.engine.seq_engine import SeqEngine, StepResult
 from lucedesk.engine.speculation import PromptLookup
 from lucedesk.engine.stats import EngineStats, StatsCollector
-from lucedesk.engine.tool_calls import MARKERS, Tool, ToolChoice, ToolFormat, detect_family
+from lucedesk.engine.tool_calls import Tool, ToolChoice
 from lucedesk.engine.tool_parser import overlap_with_start
 from lucedesk.errors import RequestError
 
@@ -76,11 +75,7 @@ class Engine:
         self.grammars = GrammarCompiler(
             tokenizer, getattr(seq_engine, "vocab_size", tokenizer.vocab_size)
         )
-        self.tool_format = ToolFormat(detect_family(tokenizer.chat_template))
-        self.reasoning_format = reasoning_format(tokenizer.chat_template)
-        self._single_token_markers = frozenset(
-            m for m in MARKERS if tokenizer.token_to_id(m) is not None
-        )
+        self.chat = ChatEncoder(tokenizer, self.grammars)
         self._inbox: deque[tuple[str, object]] = deque()
         self._wake = threading.Event()
         self._streams: dict[str, _Stream] = {}
@@ -127,64 +122,16 @@ class Engine:
         response_format: Grammar | None = None,
         reasoning: str | None = None,
     ) -> ChatPrompt:
-        """The prompt for a chat (tools rendered in the model's own format) and the grammar
-        its reply must follow: the tool-call grammar for `tool_choice`, the response format,
-        or both. `reasoning` ("none", "low", "medium", "high"; None: the model's default)
-        sets the family's switch (enable_thinking, reasoning_effort). Raises RequestError
-        naming the field of a tool or format that cannot be compiled, or a tool_choice
-        naming no offered function."""
-        tools = tools or []
-        choice = tool_choice or ToolChoice()
-        if choice.mode == "function" and choice.function not in {t.name for t in tools}:
-            raise RequestError(
-                f"tool_choice names {choice.function!r}, which is not among the tools",
-                "tool_choice",
-            )
-        if choice.mode == "required" and not tools:
-            raise RequestError("tool_choice 'required' needs at least one tool", "tool_choice")
-        for i, tool in enumerate(tools):
-            self.grammars.check(Grammar.json_schema(tool.parameters, f"tools[{i}]"))
-        if response_format is not None:
-            self.grammars.check(response_format)
-        fmt = self.tool_format if tools and choice.mode != "none" else None
-        grammar = response_format
-        # A harmony reply is channels whatever it holds: a format binds its final answer.
-        if fmt is not None or (self.tool_format.family == "harmony" and response_format):
-            text_schema = None
-            if response_format is not None:
-                if response_format.kind != "json_schema":
-                    with_what = "tools" if fmt is not None else "this model's reply format"
-                    raise RequestError(
-                        f"a {response_format.kind} format cannot be combined with {with_what} "
-                        "(a JSON schema can)",
-                        response_format.field,
-                    )
-                text_schema = json.loads(response_format.source)
-            grammar = self.tool_format.grammar(
-                tools if fmt is not None else [],
-                choice,
-                parallel_tool_calls,
-                text_schema,
-                self._single_token_markers,
-            )
-        text = render_prompt(
-            self.tokenizer,
-            messages,
-            self.tool_format,
-            tools,
-            reasoning_switch(self.reasoning_format, reasoning),
+        """The prompt for a chat and the grammar its reply must follow (chat_encoder.py);
+        raises RequestError naming the bad field."""
+        return self.chat.encode(
+            messages, tools, tool_choice, parallel_tool_calls, response_format, reasoning
         )
-        token_ids = self.tokenizer.encode(text, add_special_tokens=False)
-        if grammar is not None:
-            self.grammars.check(grammar)
-        return ChatPrompt(
-            token_ids,
-            grammar,
-            fmt,
-            frozenset(t.name for t in tools),
-            self.reasoning_format,
-            self.reasoning_format == "think" and opens_reasoning(text),
-        )
+
+    @property
+    def reasoning_format(self) -> str | None:
+        """How the loaded model reasons: "think", "harmony" or None."""
+        return self.chat.reasoning_format
 
     def check_grammar(self, grammar: Grammar) -> None:
         """Raises RequestError (naming the grammar's field) if it cannot be compiled."""

@@ -63,29 +63,31 @@ def effort_of(reasoning: str | None) -> str | None:
 
 def render_messages(messages: list[dict]) -> list[dict]:
     """Neutral messages (tool_calls.py) as the harmony template takes them: one call per
-    assistant message (the template renders only the first), reasoning as `thinking`."""
+    assistant message (the template renders only the first), reasoning as `thinking`, which
+    the template takes instead of content on a call."""
+    from lucedesk.engine.tool_calls import native_message
+
     out: list[dict] = []
     for m in messages:
-        if m["role"] != "assistant":
-            out.append(m)
+        calls = m.get("tool_calls") or []
+        if m["role"] != "assistant" or len(calls) < 2:
+            out.append(_thinking(native_message(m)))
             continue
-        calls = m.get("tool_calls") or [None]
-        for i, call in enumerate(calls):
-            native = {"role": "assistant", "content": m.get("content") or "" if i == 0 else ""}
-            if call is not None:
-                native["tool_calls"] = [
-                    {
-                        "id": call.id,
-                        "type": "function",
-                        "function": {"name": call.name, "arguments": _arguments(call.arguments)},
-                    }
-                ]
-            if i == 0 and m.get("reasoning"):
-                native["thinking"] = m["reasoning"]
-                if call is not None:  # the template takes thinking or content on a call
-                    native["content"] = ""
-            out.append(native)
+        out.append(_thinking(native_message({**m, "tool_calls": calls[:1]})))
+        out += [
+            native_message({"role": "assistant", "content": None, "tool_calls": [c]})
+            for c in calls[1:]
+        ]
     return out
+
+
+def _thinking(m: dict) -> dict:
+    reasoning = m.pop("reasoning_content", None)
+    if reasoning:
+        m["thinking"] = reasoning
+        if m.get("tool_calls"):
+            m["content"] = ""
+    return m
 
 
 def _is_json(text: str) -> bool:
@@ -94,13 +96,6 @@ def _is_json(text: str) -> bool:
     except json.JSONDecodeError:
         return False
     return True
-
-
-def _arguments(text: str) -> object:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
 
 
 def grammar(
@@ -162,6 +157,8 @@ class HarmonyParser:
         self._state = "header"  # the prompt opened the first message: its header comes next
         self._route = "text"  # where the current message's content goes: reasoning, text, call
         self._call: ToolCall | None = None
+        self._texts = 0  # messages of answer text given out: a new one starts on a new line
+        self._fresh = False  # the current message has given out nothing yet
 
     def feed(self, text: str) -> list:
         self._buffer += text
@@ -177,6 +174,8 @@ class HarmonyParser:
             if self._call is not None:  # a call ends with <|call|>, which ends the reply
                 self.incomplete = not _is_json(self._call.arguments)
                 self._close()
+        elif self._state in ("header", "between") and self._buffer:
+            events.append(TextDelta(self._buffer))  # text that never got a header
         self._buffer, self._call, self._state = "", None, "done"
         return merge(events)
 
@@ -233,6 +232,7 @@ class HarmonyParser:
             self._route = "reasoning"
         else:
             self._route = "text"
+        self._fresh = True
 
     def _emit(self, text: str, events: list) -> None:
         if not text:
@@ -242,8 +242,13 @@ class HarmonyParser:
             events.append(CallDelta(len(self.calls), arguments=text))
         elif self._route == "reasoning":
             events.append(ReasoningDelta(text))
-        else:
+        else:  # a preamble and the final answer are two paragraphs of the answer
+            if self._fresh:
+                self._texts += 1
+                if self._texts > 1:
+                    text = "\n\n" + text
             events.append(TextDelta(text))
+        self._fresh = False
 
     def _close(self) -> None:
         if self._call is not None:

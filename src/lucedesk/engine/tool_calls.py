@@ -102,7 +102,7 @@ class ToolFormat:
 
             return harmony.render_messages(messages), [_openai_tool(t) for t in tools]
         if self.family != "generic":
-            native = [_native_message(m) for m in messages]
+            native = [native_message(m) for m in messages]
             return native, [_openai_tool(t) for t in tools]
         out: list[dict] = []
         results: dict | None = None  # the user turn collecting consecutive tool results
@@ -153,6 +153,10 @@ class ToolFormat:
         is not a call. `single_tokens` names the markers the vocabulary holds as one token
         (Qwen's `<tool_call>`, `</tool_call>`, `<think>`, `</think>`): llguidance matches
         those as tokens, never as spelled-out text."""
+        if self.family == "harmony":
+            from lucedesk.engine import harmony
+
+            return harmony.grammar(tools, choice, text_schema)
         offered = [t for t in tools if choice.mode != "function" or t.name == choice.function]
         schema = {"anyOf": [self._call_schema(i, t) for i, t in enumerate(offered)]}
         call_json = "%json " + json.dumps({**schema, "x-guidance": JSON_OPTIONS})
@@ -163,10 +167,6 @@ class ToolFormat:
                 if isinstance(text_schema, dict)
                 else text_schema
             )
-        if self.family == "harmony":
-            from lucedesk.engine import harmony
-
-            return harmony.grammar(tools, choice, text_schema)
         forced = choice.mode in ("required", "function")
         if self.family == "llama3":
             more = 'call_more: ("; " call_json)*' if parallel else "call_more: "
@@ -230,7 +230,7 @@ class ToolFormat:
         if self.family == "harmony":
             from lucedesk.engine.harmony import HarmonyParser
 
-            return HarmonyParser(tool_names or frozenset())
+            return HarmonyParser(tool_names)
         if self.family == "llama3":
             return ToolCallParser(None, None, separator=";", tool_names=tool_names)
         return ToolCallParser("<tool_call>", "</tool_call>", tool_names=tool_names)
@@ -269,7 +269,7 @@ def _arguments_object(text: str) -> object:
         return text
 
 
-def _native_message(m: dict) -> dict:
+def native_message(m: dict) -> dict:
     """A message as tool-aware templates expect it: calls as OpenAI function objects whose
     arguments are objects (templates `tojson` them), results with their call's id, earlier
     reasoning as `reasoning_content` (Qwen3's templates read it)."""

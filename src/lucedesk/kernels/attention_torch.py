@@ -173,16 +173,51 @@ def _prefill_masked(
     window: int,
     sinks: torch.Tensor | None,
 ) -> torch.Tensor:
-    # A chunk with a sliding window or sinks, which SDPA has no form for: explicit scores
-    # over only the keys some row of the chunk can see.
+    # A chunk with a sliding window or sinks, which SDPA has no form for. Sinks alone: SDPA's
+    # flash kernel with the softmax's log-sum-exp, the rows rescaled for the sink's share.
+    # A window: explicit scores over only the keys some row of the chunk can see, read from
+    # the block holding the first of them.
     block_size = k_cache.shape[2]
     n = q.shape[0]
     first = max(0, seq_len - n - window + 1) if window else 0
-    nb = -(-seq_len // block_size)
-    keys = _gather(k_cache, block_table, nb)[:, first:seq_len]  # [kvh, L, hd]
-    values = _gather(v_cache, block_table, nb)[:, first:seq_len]
+    first_block, nb = first // block_size, -(-seq_len // block_size)
+    skip = first - first_block * block_size
+    table = block_table[first_block:nb]
+    keys = _gather(k_cache, table, nb - first_block)[:, skip : seq_len - first_block * block_size]
+    values = _gather(v_cache, table, nb - first_block)[:, skip : seq_len - first_block * block_size]
+    if not window and sinks is not None and FLASH_WITH_LSE is not None and q.is_cpu:
+        return _flash_with_sinks(q, keys, values, scale, sinks)
     query_pos = torch.arange(seq_len - n, seq_len, device=q.device)
     return attend(q, keys, values, query_pos, first, scale, window, sinks)
+
+
+# SDPA's CPU flash kernel, which also returns each row's log-sum-exp (absent: the explicit
+# path serves).
+FLASH_WITH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _flash_with_sinks(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, sinks: torch.Tensor
+) -> torch.Tensor:
+    """q: [n, nh, hd], the last n positions of a sequence whose keys/values [kvh, L, hd] are
+    all there. With a sink logit s a row's softmax denominator grows from Z = exp(lse) to
+    Z + exp(s): its output is scaled by Z / (Z + exp(s)) = sigmoid(lse - s)."""
+    n, nh, _ = q.shape
+    length = keys.shape[1]
+    group = nh // keys.shape[0]
+    k = keys.repeat_interleave(group, 0)[None]  # [1, nh, L, hd]
+    v = values.repeat_interleave(group, 0)[None]
+    query = q.transpose(0, 1)[None]  # [1, nh, n, hd]
+    if n == length:
+        out, lse = FLASH_WITH_LSE(query, k, v, 0.0, True, scale=scale)
+    else:  # row i sits at position L - n + i
+        pos = torch.arange(length, device=q.device)
+        hidden = pos[None, :] > pos[length - n :, None]
+        mask = torch.zeros(n, length, dtype=q.dtype, device=q.device)
+        mask.masked_fill_(hidden, float("-inf"))
+        out, lse = FLASH_WITH_LSE(query, k, v, 0.0, False, attn_mask=mask[None, None], scale=scale)
+    share = torch.sigmoid(lse - sinks.float()[None, :, None])  # [1, nh, n]
+    return (out.float() * share[..., None]).to(q.dtype)[0].transpose(0, 1)
 
 
 def attend(

@@ -11,10 +11,14 @@ import torch
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """A float32 `weight` on lower-precision activations multiplies before the one rounding
+    (Gemma 3's and gpt-oss's norms); otherwise the normalized row is rounded first (Llama's)."""
     if x.dtype == torch.float32:
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if weight.dtype == torch.float32:
+        return (xf * weight).to(x.dtype)
     return weight * xf.to(x.dtype)
 
 

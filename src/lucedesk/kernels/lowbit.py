@@ -54,10 +54,24 @@ def pack_levels(
     return q, d, m
 
 
-def unpack_levels(q: torch.Tensor, bits: int, n: int, k: int) -> torch.Tensor:
-    """The stored codes (nibbles, or bytes) back in [N, K] order."""
+def unpack_levels(
+    q: torch.Tensor, bits: int, n: int, k: int, lut: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The levels back in [N, K] order (the stored codes looked up where there is a
+    table)."""
     v = torch.cat([q & 0x0F, q >> 4], dim=-1) if bits == 4 else q
-    return v.reshape(n // 16, k // 32, 8, 16, 4).permute(0, 3, 1, 2, 4).reshape(n, k)
+    codes = v.reshape(n // 16, k // 32, 8, 16, 4).permute(0, 3, 1, 2, 4).reshape(n, k)
+    return codes if lut is None else lut[codes.long()]
+
+
+def dequantize(
+    q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, bits: int, lut: torch.Tensor | None
+) -> torch.Tensor:
+    """A packed weight (pack_levels' layout) as [N, K] float32: d * level + m."""
+    n, k = d.shape[0] * 16, d.shape[1] * 32
+    d = d.transpose(1, 2).reshape(n, -1, 1)
+    m = m.transpose(1, 2).reshape(n, -1, 1)
+    return (unpack_levels(q, bits, n, k, lut).float().view(n, -1, 32) * d + m).view(n, k)
 
 
 def eight_bit(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -120,15 +134,11 @@ class LowBitWeight:
 
     def levels(self) -> torch.Tensor:
         """The levels back in [N, K] order (table entries where there is a table)."""
-        codes = unpack_levels(self.q, self.bits, *self.shape)
-        return codes if self.lut is None else self.lut[codes.long()]
+        return unpack_levels(self.q, self.bits, *self.shape, self.lut)
 
     def dequantize(self) -> torch.Tensor:
         """[N, K] float32: d * level + m."""
-        n, k = self.shape
-        d = self.d.transpose(1, 2).reshape(n, -1, 1)
-        m = self.m.transpose(1, 2).reshape(n, -1, 1)
-        return (self.levels().float().view(n, -1, 32) * d + m).view(n, k)
+        return dequantize(self.q, self.d, self.m, self.bits, self.lut)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [M, K] bfloat16 -> [M, N] bfloat16."""
@@ -173,12 +183,7 @@ class GroupedLowBitWeight:
 
     def dequantize(self, expert: int) -> torch.Tensor:
         """One expert's [N, K] float32 weight."""
-        n, k = self.shape
-        codes = unpack_levels(self.q[expert], self.bits, n, k)
-        levels = codes if self.lut is None else self.lut[codes.long()]
-        d = self.d[expert].transpose(1, 2).reshape(n, -1, 1)
-        m = self.m[expert].transpose(1, 2).reshape(n, -1, 1)
-        return (levels.float().view(n, -1, 32) * d + m).view(n, k)
+        return dequantize(self.q[expert], self.d[expert], self.m[expert], self.bits, self.lut)
 
     def __call__(
         self, x: torch.Tensor, experts: torch.Tensor, rows: torch.Tensor | None = None

@@ -98,11 +98,13 @@ class ToolChoiceSpec(BaseModel):
 
 
 class ThinkingSpec(BaseModel):
-    """`thinking`: enabled (with a budget), disabled, or the model's own choice."""
+    """`thinking`: enabled (with a budget), disabled, or the model's own choice; `display:
+    omitted` keeps the blocks and leaves their text out."""
 
     model_config = ConfigDict(extra="allow")
     type: Literal["enabled", "disabled", "adaptive", "between_tools"]
     budget_tokens: int | None = Field(default=None, ge=0)
+    display: Literal["summarized", "omitted"] | None = None
 
 
 class MessagesRequest(BaseModel):
@@ -214,10 +216,10 @@ def tools_of(body: MessagesRequest | CountTokensRequest) -> list[Tool]:
 
 def reasoning_of(spec: ThinkingSpec | None) -> str | None:
     """`thinking` as a reasoning level: a budget picks one (under 4k tokens low, under 16k
-    medium, else high), disabled is none, adaptive the model's default."""
-    if spec is None or spec.type == "adaptive":
+    medium, else high), disabled is none, adaptive and between_tools the model's default."""
+    if spec is None or spec.type in ("adaptive", "between_tools"):
         return None
-    if spec.type != "enabled":
+    if spec.type == "disabled":
         return "none"
     budget = spec.budget_tokens
     if budget is None:
@@ -276,14 +278,16 @@ def routes(served: Served) -> APIRouter:
             owner_label(request),
         )
         mid = "msg_" + uuid.uuid4().hex[:24]
+        omitted = body.thinking is not None and body.thinking.display == "omitted"
         if body.stream:
-            return TurnStream(turn, stream(turn, mid, served.model_id))
+            return TurnStream(turn, stream(turn, mid, served.model_id, omitted))
         done = await turn.complete(request.is_disconnected)
         if done.finish == "error":
             raise APIError(500, f"generation failed: {done.error}", kind="server_error")
         content: list[dict] = []
         if done.reasoning:
-            content.append({"type": "thinking", "thinking": done.reasoning, "signature": ""})
+            shown = "" if omitted else done.reasoning
+            content.append({"type": "thinking", "thinking": shown, "signature": ""})
         if done.text.strip():
             content.append({"type": "text", "text": done.text})
         content += [
@@ -324,7 +328,7 @@ def _input(arguments: str) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-async def stream(turn, mid: str, model: str) -> AsyncIterator[str]:
+async def stream(turn, mid: str, model: str, omitted: bool = False) -> AsyncIterator[str]:
     """message_start, ping, then per block content_block_start / _delta / _stop, then
     message_delta (stop_reason, usage) and message_stop."""
     yield sse(
@@ -350,7 +354,8 @@ async def stream(turn, mid: str, model: str) -> AsyncIterator[str]:
                 "thinking", {"type": "thinking", "thinking": "", "signature": ""}
             ):
                 yield out
-            yield blocks.delta({"type": "thinking_delta", "thinking": event.text})
+            if not omitted:
+                yield blocks.delta({"type": "thinking_delta", "thinking": event.text})
         elif isinstance(event, TextPiece) and event.text:
             for out in blocks.open("text", {"type": "text", "text": ""}):
                 yield out

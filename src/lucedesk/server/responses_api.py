@@ -120,7 +120,8 @@ def messages_of(body: ResponsesRequest) -> list[dict]:
             text = _content_text(item.get("content", ""), f"{field}.content")
             out.append({"role": "system" if role == "developer" else role, "content": text})
             if role == "assistant" and reasoning:
-                out[-1]["reasoning"], reasoning = reasoning, ""
+                out[-1]["reasoning"] = reasoning
+            reasoning = ""  # reasoning goes with the output right after it, or nowhere
         elif kind == "function_call":
             call_id, name, arguments = (
                 item.get("call_id"),
@@ -154,6 +155,7 @@ def messages_of(body: ResponsesRequest) -> list[dict]:
                 )
             output = item.get("output", "")
             text = output if isinstance(output, str) else _content_text(output, f"{field}.output")
+            reasoning = ""
             out.append(
                 {
                     "role": "tool",

@@ -48,6 +48,8 @@ class ModelConfig:
     query_pre_attn_scalar: float = 0.0  # attention scale is its -1/2 power; 0 = head_dim
     # -- block variants (gemma3) --
     sandwich_norms: bool = False  # norms on the attention and MLP outputs too
+    # Norm weights kept in float32 and multiplied before rounding (gemma3's (1 + w), gpt-oss)
+    float32_norms: bool = False
     embedding_scale: float = 1.0  # embeddings are multiplied by this (in the model dtype)
     hidden_act: str = "silu"
     # -- mixture of experts --

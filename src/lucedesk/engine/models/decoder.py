@@ -87,7 +87,9 @@ class DecoderModel(nn.Module):
         c = config
         self.embed_tokens = nn.Parameter(torch.empty(c.vocab_size, c.hidden_size, dtype=dtype))
         self.layers = nn.ModuleList(DecoderLayer(c, i, dtype) for i in range(c.num_layers))
-        self.norm = nn.Parameter(torch.ones(c.hidden_size, dtype=dtype))
+        self.norm = nn.Parameter(torch.ones(c.hidden_size, dtype=norm_dtype(c, dtype)))
+        # As the reference rounds it: to the model dtype, then multiplied.
+        self.embedding_scale = float(torch.tensor(c.embedding_scale, dtype=dtype))
         self.lm_head = (
             self.embed_tokens
             if c.tie_word_embeddings
@@ -148,8 +150,8 @@ class DecoderModel(nn.Module):
         final norm; `compute_logits` applies it to the rows that need logits)."""
         c = self.config
         x = F.embedding(input_ids, self.embed_tokens)  # [T, H]
-        if c.embedding_scale != 1.0:
-            x = x * torch.tensor(c.embedding_scale, dtype=x.dtype)
+        if self.embedding_scale != 1.0:
+            x = x * self.embedding_scale
         tables = {FULL: self.rotary[FULL](positions)}
         tables[SLIDING] = (
             tables[FULL]
@@ -177,11 +179,12 @@ class DecoderLayer(nn.Module):
         self.index = index
         self.window = c.window(index)
         H = c.hidden_size
-        self.attn_norm = nn.Parameter(torch.ones(H, dtype=dtype))
-        self.ffn_norm = nn.Parameter(torch.ones(H, dtype=dtype))
+        norms = norm_dtype(c, dtype)
+        self.attn_norm = nn.Parameter(torch.ones(H, dtype=norms))
+        self.ffn_norm = nn.Parameter(torch.ones(H, dtype=norms))
         if c.sandwich_norms:
-            self.attn_out_norm = nn.Parameter(torch.ones(H, dtype=dtype))
-            self.ffn_out_norm = nn.Parameter(torch.ones(H, dtype=dtype))
+            self.attn_out_norm = nn.Parameter(torch.ones(H, dtype=norms))
+            self.ffn_out_norm = nn.Parameter(torch.ones(H, dtype=norms))
         self.qkv_proj = nn.Parameter(torch.empty(c.q_size + 2 * c.kv_size, H, dtype=dtype))
         self.qkv_bias = (
             nn.Parameter(torch.zeros(c.q_size + 2 * c.kv_size, dtype=dtype))
@@ -191,8 +194,8 @@ class DecoderLayer(nn.Module):
         self.o_proj = nn.Parameter(torch.empty(H, c.q_size, dtype=dtype))
         self.o_bias = nn.Parameter(torch.zeros(H, dtype=dtype)) if c.o_proj_bias else None
         if c.qk_norm:
-            self.q_norm = nn.Parameter(torch.ones(c.head_dim, dtype=dtype))
-            self.k_norm = nn.Parameter(torch.ones(c.head_dim, dtype=dtype))
+            self.q_norm = nn.Parameter(torch.ones(c.head_dim, dtype=norms))
+            self.k_norm = nn.Parameter(torch.ones(c.head_dim, dtype=norms))
         # Sinks stay float32: they join softmaxes computed in float32.
         self.sinks = nn.Parameter(torch.zeros(c.num_heads)) if c.attention_sinks else None
         self.moe = MoEBlock(c, dtype) if c.is_moe_layer(index) else None
@@ -226,7 +229,7 @@ class DecoderLayer(nn.Module):
         c = self.c
         eps = c.rms_norm_eps
         # x: [T, H]; the residual stream is carried separately so each norm reads x + residual.
-        h, residual = kernels.add_rms_norm(x, residual, self.attn_norm, eps)
+        h, residual = add_rms_norm(kernels, x, residual, self.attn_norm, eps)
 
         qkv = self.project("qkv_proj", h, self.qkv_bias)  # [T, q + 2kv]
         T = qkv.shape[0]
@@ -243,7 +246,7 @@ class DecoderLayer(nn.Module):
         if c.sandwich_norms:
             x = rms_norm(x, self.attn_out_norm, eps)
 
-        h, residual = kernels.add_rms_norm(x, residual, self.ffn_norm, eps)
+        h, residual = add_rms_norm(kernels, x, residual, self.ffn_norm, eps)
         if self.moe is not None:
             x = self.moe(h, kernels)
         else:
@@ -251,6 +254,25 @@ class DecoderLayer(nn.Module):
         if c.sandwich_norms:
             x = rms_norm(x, self.ffn_out_norm, eps)
         return x, residual
+
+
+def norm_dtype(c: ModelConfig, dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if c.float32_norms else dtype
+
+
+def add_rms_norm(
+    kernels: Kernels,
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernels' fused residual add + RMSNorm; a float32 weight on lower-precision
+    activations (float32_norms) goes through torch, which multiplies before rounding."""
+    if weight.dtype == x.dtype:
+        return kernels.add_rms_norm(x, residual, weight, eps)
+    residual = x if residual is None else x + residual
+    return rms_norm(residual, weight, eps), residual
 
 
 class CausalAttention:

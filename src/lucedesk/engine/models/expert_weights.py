@@ -60,8 +60,10 @@ def materialize_dense(model: DecoderModel) -> None:
             if param.numel() or proj in experts.quantized:
                 continue
             count = experts.shapes[proj][0]
-            dense = torch.stack([source.expert(i, proj, e) for e in range(count)])
-            param.data = dense.to(device=model.embed_tokens.device, dtype=model.dtype)
+            dense = torch.stack(  # each expert cast alone: float32 only one at a time
+                [source.expert(i, proj, e).to(model.dtype) for e in range(count)]
+            )
+            param.data = dense.to(model.embed_tokens.device)
 
 
 def quantize_experts(model: DecoderModel, weights: str) -> None:

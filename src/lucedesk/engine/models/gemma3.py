@@ -45,6 +45,7 @@ def _gemma(c: ModelConfig) -> ModelConfig:
         c,
         qk_norm=True,
         sandwich_norms=True,
+        float32_norms=True,
         embedding_scale=math.sqrt(c.hidden_size),
         hidden_act="gelu_tanh",
     )
@@ -69,7 +70,7 @@ def _from_hf(raw: dict, c: ModelConfig) -> ModelConfig:
     return replace(
         _gemma(c),
         layer_types=layer_types,
-        sliding_window=int(raw.get("sliding_window") or 0),
+        sliding_window=int(raw.get("sliding_window") or 4096),  # transformers' default
         rope_theta=float(full.get("rope_theta", c.rope_theta)),
         rope_scaling=scaling,
         rope_local_theta=float(

@@ -25,6 +25,7 @@ def _moe(c: ModelConfig, experts: int, per_token: int, ffn: int) -> ModelConfig:
         attention_bias=True,
         o_proj_bias=True,
         attention_sinks=True,
+        float32_norms=True,
         num_experts=experts,
         num_experts_per_tok=per_token,
         moe_intermediate_size=ffn,
@@ -47,7 +48,7 @@ def _from_hf(raw: dict, c: ModelConfig) -> ModelConfig:
     return replace(
         c,
         layer_types=tuple(HF_LAYER_TYPES.get(t, t) for t in types),
-        sliding_window=int(raw.get("sliding_window") or 0),
+        sliding_window=int(raw.get("sliding_window") or 128),  # transformers' default
         swiglu_limit=float(raw.get("swiglu_limit", 7.0)),
         swiglu_alpha=float(raw.get("swiglu_alpha", 1.702)),
     )

@@ -64,20 +64,17 @@ class Experts(nn.Module):
         self.down_bias = nn.Parameter(torch.zeros(E, H, dtype=dtype)) if c.expert_bias else None
         self.quantized: dict[str, GroupedProjection] = {}
 
-    @property
-    def ready(self) -> bool:
-        return all(p in self.quantized or getattr(self, p).numel() > 0 for p in EXPERT_PROJECTIONS)
-
     def forward(self, x: torch.Tensor, ids: torch.Tensor, kernels: Kernels) -> torch.Tensor:
         """x: [T, H], ids: [T, k] each token's experts -> [T, k, H], each pair's output."""
         T, k = ids.shape
+        H = self.c.hidden_size
         flat = ids.reshape(-1)  # pair p is token p // k and expert flat[p]
-        if self.quantized:  # the C++ pass groups the pairs itself
-            tokens = torch.arange(T).repeat_interleave(k)
+        if self.quantized:  # the C++ pass (CPU tensors) groups the pairs itself
+            tokens = torch.arange(T, device=x.device).repeat_interleave(k)
             h = self.quantized["gate_up"](x, flat, tokens)  # [P, 2I]
             h = self._bias(h, self.gate_up_bias, flat)
             y = self.quantized["down"](gated(self.c, h), flat)  # [P, H]
-            return self._bias(y, self.down_bias, flat).view(T, k, -1)
+            return self._bias(y, self.down_bias, flat).view(T, k, H)
         # Dense weights: the pairs sorted by expert for one grouped matmul each, and back.
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=self.c.num_experts)
@@ -86,7 +83,7 @@ class Experts(nn.Module):
         h = self._bias(h, self.gate_up_bias, chosen)
         y = kernels.grouped_linear(gated(self.c, h), self.down, counts)
         y = self._bias(y, self.down_bias, chosen)
-        return torch.empty_like(y).index_copy_(0, order, y).view(T, k, -1)
+        return torch.empty_like(y).index_copy_(0, order, y).view(T, k, H)
 
     @staticmethod
     def _bias(h: torch.Tensor, bias: torch.Tensor | None, experts: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ def _from_hf(raw: dict, c: ModelConfig) -> ModelConfig:
         num_experts=experts,
         num_experts_per_tok=int(raw["num_experts_per_tok"]),
         moe_intermediate_size=int(raw["moe_intermediate_size"]),
-        norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
+        norm_topk_prob=bool(raw.get("norm_topk_prob", False)),  # transformers' default
         dense_layers=dense,
         router="softmax_topk",
     )

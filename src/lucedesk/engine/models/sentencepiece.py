@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -84,9 +85,13 @@ def from_gguf_sentencepiece(gguf: GGUFFile) -> HFTokenizer:
             log.warning("%s: cached tokenizer unreadable, rebuilding", cached)
     tokenizer = _build(tokens, types, unk, bos if add_bos else None)
     cached.parent.mkdir(parents=True, exist_ok=True)
-    partial = cached.with_suffix(f".{os.getpid()}.tmp")
-    tokenizer.save(str(partial))
-    os.replace(partial, cached)
+    with tempfile.NamedTemporaryFile(dir=cached.parent, suffix=".tmp", delete=False) as partial:
+        pass
+    try:
+        tokenizer.save(partial.name)
+        os.replace(partial.name, cached)  # atomic: a reader never sees half a file
+    finally:
+        Path(partial.name).unlink(missing_ok=True)
     return tokenizer
 
 

@@ -104,7 +104,7 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
       // Keys first..len-1 are seen; blocks are walked from the one holding `first`, whose
       // earlier rows get weight 0.
       const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
-      const int64_t begin = first / bs * bs;
+      const int64_t block_start = first / bs * bs;
       scores.assign(group * len, 0.f);
       for (int64_t g = 0; g < group; ++g) {
         const T* src = qp + row * q_stride_row + (head * group + g) * q_stride_head;
@@ -117,7 +117,7 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
 #if defined(LUCEDESK_AVX512BF16)
       if constexpr (std::is_same_v<T, c10::BFloat16>) {
         if (hd % 32 == 0 && bs % 16 == 0) {
-          for (int64_t j0 = begin; j0 < len; j0 += 16) {
+          for (int64_t j0 = block_start; j0 < len; j0 += 16) {
             const T* kb = kp + ((head * num_blocks + table[j0 / bs]) * bs + j0 % bs) * hd;
             for (int64_t g = 0; g < group; ++g) {
               const T* qg = qp + row * q_stride_row + (head * group + g) * q_stride_head;
@@ -129,7 +129,7 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
         }
       }
 #endif
-      for (int64_t j0 = begin; j0 < len && !scored; j0 += bs) {
+      for (int64_t j0 = block_start; j0 < len && !scored; j0 += bs) {
         const int64_t rows = std::min(bs, len - j0);
         widen(kf.data(), kp + ((head * num_blocks + table[j0 / bs]) * bs) * hd, rows * hd);
         for (int64_t r = 0; r < rows; ++r) {
@@ -158,7 +158,7 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
           sum += sg[j];
         }
         if (sinks) sum += exp_nonpositive(sink - mx);
-        std::fill(sg + begin, sg + first, 0.f);
+        std::fill(sg + block_start, sg + first, 0.f);
         inv_sum[g] = 1.f / sum;
       }
 #if defined(LUCEDESK_AVX512BF16)
@@ -166,15 +166,15 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
         if (hd % 32 == 0) {
           for (int64_t g = 0; g < group; ++g) {
             T* dst = op + row * o_stride_row + (head * group + g) * o_stride_head;
-            weighted_values_bf16(scores.data() + g * len, vp, table, head, num_blocks, bs, begin,
-                                 len, hd, inv_sum[g], dst);
+            weighted_values_bf16(scores.data() + g * len, vp, table, head, num_blocks, bs,
+                                 block_start, len, hd, inv_sum[g], dst);
           }
           continue;
         }
       }
 #endif
       std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t j0 = begin; j0 < len; j0 += bs) {
+      for (int64_t j0 = block_start; j0 < len; j0 += bs) {
         const int64_t rows = std::min(bs, len - j0);
         widen(kf.data(), vp + ((head * num_blocks + table[j0 / bs]) * bs) * hd, rows * hd);
         // Four rows per pass over the accumulator: one load and store of it per four

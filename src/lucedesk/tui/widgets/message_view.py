@@ -52,15 +52,20 @@ class MessageView(Vertical):
         )
 
     async def show_reasoning(self, reasoning: str) -> None:
-        """The reply's reasoning so far, folded (opened by a click)."""
-        if reasoning == self.reasoning and self.query(Collapsible):
-            return
+        """The reply's reasoning so far, folded (opened by a click). While folded, the text
+        is only kept: a long reasoning is laid out when it is opened, not at every piece."""
         self.reasoning = reasoning
         found = self.query(Collapsible)
-        if found:
-            found.first().query_one(".reasoning", Static).update(reasoning)
-            return
-        await self.mount(self._reasoning_block(), before=self.markdown)
+        if not found:
+            await self.mount(self._reasoning_block(), before=self.markdown)
+        elif not found.first().collapsed:
+            self._write_reasoning(found.first())
+
+    def _write_reasoning(self, block: Collapsible) -> None:
+        block.query_one(".reasoning", Static).update(self.reasoning)
+
+    def on_collapsible_expanded(self, event: Collapsible.Expanded) -> None:
+        self._write_reasoning(event.collapsible)
 
     @property
     def markdown(self) -> Markdown:
