@@ -368,6 +368,73 @@ def test_api_key(loaded):
         engine.shutdown()
 
 
+def test_a_loopback_server_answers_only_to_its_own_names(server):
+    """DNS rebinding: a web page whose domain now resolves to 127.0.0.1 sends its own
+    name as Host; every route refuses it (403, in the route's protocol), nothing runs."""
+    running, engine = server
+    url = running.url
+    done = engine.stats().num_completed
+    evil = {"Host": "rebound.example:8642"}
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for method, path, body in [
+        ("GET", "/v1/models", None),
+        ("GET", "/slots", None),
+        ("GET", "/openapi.json", None),
+        ("POST", "/v1/chat/completions", chat),
+        ("POST", "/api/chat", {"model": MODEL, "messages": chat["messages"]}),
+    ]:
+        r = httpx.request(method, url + path, json=body, headers=evil, timeout=10)
+        assert r.status_code == 403, path
+        assert "rebound.example" in json.dumps(r.json()), path
+    refused = httpx.post(url + "/v1/messages", json=chat, headers=evil, timeout=10)
+    assert refused.json()["error"]["type"] == "permission_error"
+    assert engine.stats().num_completed == done
+    port = url.rsplit(":", 1)[1]
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "LOCALHOST"):
+        assert httpx.get(url + "/v1/models", headers={"Host": host}).status_code == 200, host
+
+
+def test_more_host_names_can_be_allowed(loaded):
+    engine = make_engine(loaded, max_slots=1, kv_pool_tokens=1024).start()
+    app = create_app(engine, model_name=MODEL, allowed_hosts=("127.0.0.1", "box.lan"))
+    running = start_server(app, "127.0.0.1", 0)
+    try:
+        assert httpx.get(running.url + "/v1/models", headers={"Host": "box.lan"}).status_code == 200
+        assert httpx.get(running.url + "/v1/models", headers={"Host": "other"}).status_code == 403
+    finally:
+        running.stop()
+        engine.shutdown()
+
+
+def test_the_key_guards_every_route_before_its_body_is_read(loaded):
+    engine = make_engine(loaded, max_slots=1, kv_pool_tokens=1024).start()
+    running = start_server(create_app(engine, api_key="s3cret", model_name=MODEL), "127.0.0.1", 0)
+    try:
+        url, key = running.url, {"Authorization": "Bearer s3cret"}
+        assert httpx.get(url + "/openapi.json").status_code == 401
+        assert httpx.get(url + "/openapi.json", headers=key).status_code == 200
+        garbage = httpx.post(url + "/v1/chat/completions", content=b"{not json")
+        assert garbage.status_code == 401  # the key first: no body is parsed for a stranger
+        assert httpx.get(url + "/health").status_code == 200
+    finally:
+        running.stop()
+        engine.shutdown()
+
+
+def test_bodies_are_json_whatever_their_content_type(server):
+    """`curl -d` sends form-urlencoded, litellm's ollama_chat sends no JSON type."""
+    running, _ = server
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for content_type in ("application/x-www-form-urlencoded", "text/plain", None):
+        headers = {"content-type": content_type} if content_type else {}
+        for path, body in [
+            ("/v1/chat/completions", chat),
+            ("/api/chat", {**chat, "stream": False, "options": {"num_predict": 2}}),
+        ]:
+            r = httpx.post(running.url + path, content=json.dumps(body), headers=headers)
+            assert r.status_code == 200, (path, content_type, r.text)
+
+
 def test_refuses_non_loopback_without_key():
     with pytest.raises(ConfigError, match="without an API key"):
         check_host("0.0.0.0", None)

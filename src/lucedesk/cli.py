@@ -133,6 +133,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--api-key", default=None, help="require this bearer key (or set LUCEDESK_API_KEY)"
     )
     serve.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host name requests may carry besides localhost, 127.0.0.1 and ::1 (repeatable; "
+        "'*' allows any): a loopback server refuses others, so web pages cannot drive it",
+    )
+    serve.add_argument(
         "--served-model-name",
         action="append",
         default=[],

@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 
 from lucedesk.engine import Engine
@@ -29,19 +29,47 @@ from lucedesk.server.served import Served
 DEFAULT_BODY_LIMIT = 4 << 20  # 4 MiB: a ~1M-character prompt, far beyond any context here
 
 
-class BodyLimit:
-    """ASGI middleware: 413 for a request body over `limit` bytes, counted as it arrives
-    (a Content-Length can be absent or wrong)."""
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 
-    def __init__(self, app, limit: int) -> None:
-        self.app, self.limit = app, limit
+
+class Gate:
+    """ASGI middleware in front of every route, before a body is read:
+
+    - the Host header must name an allowed host (a loopback server answers only to its own
+      names, so a web page that rebinds a domain to 127.0.0.1 cannot drive it): else 403;
+    - with an API key, every route but /health (the OpenAPI document included) needs it:
+      `Authorization: Bearer KEY` or `x-api-key: KEY`: else 401;
+    - a body over `limit` bytes is a 413, counted as it arrives (a Content-Length can be
+      absent or wrong);
+    - a body is JSON whatever its declared type (`curl -d` says form-urlencoded, and some
+      clients send none), as Ollama takes it.
+    Each refusal in the route's protocol's shape."""
+
+    def __init__(
+        self, app, limit: int, api_key: str | None, allowed_hosts: frozenset[str] | None
+    ) -> None:
+        self.app, self.limit, self.api_key, self.allowed_hosts = app, limit, api_key, allowed_hosts
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        declared = dict(scope.get("headers") or []).get(b"content-length")
+        headers = dict(scope.get("headers") or [])
+        path = scope["path"]
+        host = host_name(headers.get(b"host", b"").decode("latin-1"))
+        if self.allowed_hosts is not None and host not in self.allowed_hosts:
+            error = APIError(
+                403,
+                f"host {host!r} is not allowed: this server answers to "
+                f"{', '.join(sorted(self.allowed_hosts))} (lucedesk serve --allow-host NAME)",
+                kind="permission_error",
+            )
+            return await self._refuse(send, path, error)
+        if self.api_key is not None and path != "/health" and not self._has_key(scope):
+            error = APIError(401, "missing or invalid API key", kind="authentication_error")
+            return await self._refuse(send, path, error)
+        declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            return await self._reject(send, scope["path"])
+            return await self._refuse(send, path, self._too_large())
         # The body is read here, at most `limit` bytes, and handed to the app whole; later
         # receive() calls (a disconnect) reach the server as usual.
         chunks, seen = [], 0
@@ -52,10 +80,15 @@ class BodyLimit:
             chunk = message.get("body", b"")
             seen += len(chunk)
             if seen > self.limit:
-                return await self._reject(send, scope["path"])
+                return await self._refuse(send, path, self._too_large())
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
+        if seen and b"json" not in headers.get(b"content-type", b"").lower():
+            scope = dict(scope)
+            scope["headers"] = [
+                (k, v) for k, v in scope.get("headers") or [] if k != b"content-type"
+            ] + [(b"content-type", b"application/json")]
         replayed = False
 
         async def replay():
@@ -67,17 +100,41 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    async def _reject(self, send, path: str) -> None:
-        error = APIError(413, f"request body larger than {self.limit} bytes")
+    def _has_key(self, scope) -> bool:
+        """Any credential that matches will do: Claude Code may send both headers at once."""
+        offered = []
+        for name, value in scope.get("headers") or []:
+            text = value.decode("latin-1")
+            if name == b"authorization":
+                scheme, _, token = text.partition(" ")
+                if scheme.lower() == "bearer":
+                    offered.append(token.strip())
+            elif name == b"x-api-key":
+                offered.append(text)
+        key = self.api_key.encode()
+        return any(hmac.compare_digest(k.encode("latin-1"), key) for k in offered)
+
+    def _too_large(self) -> APIError:
+        return APIError(413, f"request body larger than {self.limit} bytes")
+
+    async def _refuse(self, send, path: str, error: APIError) -> None:
         body = json.dumps(errors.body_for(errors.protocol_of(path), error)).encode()
         await send(
             {
                 "type": "http.response.start",
-                "status": 413,
+                "status": error.status,
                 "headers": [(b"content-type", b"application/json")],
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+def host_name(header: str) -> str:
+    """The name in a Host header: port and IPv6 brackets off, lower case."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1 : header.find("]")] if "]" in header else header[1:]
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
 def create_app(
@@ -87,16 +144,20 @@ def create_app(
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_BODY_LIMIT,
     cors_origins: tuple[str, ...] = (),
+    allowed_hosts: Sequence[str] | None = LOOPBACK_HOSTS,
 ) -> FastAPI:
     """`engine` may be a callable returning the current engine, for hosts (the TUI) that
     rebuild it while the app lives. `model_name` is one alias or several: the model answers
-    to each, to its own id and to `default`; the first is the id clients are shown."""
+    to each, to its own id and to `default`; the first is the id clients are shown.
+    `allowed_hosts`: the Host names requests may carry (None: any, for a server other
+    machines reach, which needs a key anyway)."""
     current = engine if callable(engine) and not isinstance(engine, Engine) else (lambda: engine)
     aliases = (model_name,) if isinstance(model_name, str) else tuple(model_name or ())
     served = Served(current, aliases)
     app = FastAPI(title="lucedesk", version="1", docs_url=None, redoc_url=None)
     errors.install(app)
-    app.add_middleware(BodyLimit, limit=max_body_bytes)
+    hosts = None if allowed_hosts is None else frozenset(h.lower() for h in allowed_hosts)
+    app.add_middleware(Gate, limit=max_body_bytes, api_key=api_key, allowed_hosts=hosts)
     if cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
@@ -106,19 +167,6 @@ def create_app(
             allow_methods=["GET", "POST"],
             allow_headers=["*"],
         )
-
-    async def check_key(request: Request) -> None:
-        """`Authorization: Bearer KEY` (OpenAI, Ollama) or `x-api-key: KEY` (Anthropic)."""
-        if api_key is None:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        offered = [token.strip()] if scheme.lower() == "bearer" else []
-        offered += request.headers.getlist("x-api-key")
-        # Any credential that matches will do: Claude Code may send both headers at once.
-        if not any(hmac.compare_digest(k.encode(), api_key.encode()) for k in offered):
-            raise APIError(401, "missing or invalid API key", kind="authentication_error")
-
-    auth = [Depends(check_key)]
 
     @app.get("/health")
     async def health() -> dict:
@@ -132,7 +180,7 @@ def create_app(
             "completed": s.num_completed,
         }
 
-    @app.get("/v1/models", dependencies=auth)
+    @app.get("/v1/models")
     async def models() -> dict:
         info = current().model_info
         entry = {
@@ -148,7 +196,7 @@ def create_app(
         }
         return {"object": "list", "data": [{"id": served.model_id, **entry}]}
 
-    @app.get("/slots", dependencies=auth)
+    @app.get("/slots")
     async def slots() -> dict:
         s = current().stats()
         return {
@@ -166,12 +214,12 @@ def create_app(
             "slots": [asdict(slot) for slot in s.slots],
         }
 
-    @app.get("/metrics", dependencies=auth)
+    @app.get("/metrics")
     async def prometheus() -> PlainTextResponse:
         return PlainTextResponse(
             metrics.render(current().stats()), media_type="text/plain; version=0.0.4"
         )
 
     for adapter in (openai_api, responses_api, anthropic_api, ollama_api, utility_api):
-        app.include_router(adapter.routes(served), dependencies=auth)
+        app.include_router(adapter.routes(served))
     return app
