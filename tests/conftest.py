@@ -99,6 +99,7 @@ def write_tokenizer(
     specials: list[str] = SPECIALS,
     template: str = CHATML,
     eos: str = "<|im_end|>",
+    extra_corpus: str = "",
 ) -> int:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -111,7 +112,7 @@ def write_tokenizer(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator([CORPUS], trainer)
+    tok.train_from_iterator([CORPUS, extra_corpus], trainer)
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(
         json.dumps(
@@ -129,16 +130,25 @@ def write_tokenizer(
 
 
 def write_tiny_model(
-    folder: Path, arch: str, seed: int = 0, wide: bool = False, harmony: bool = False
+    folder: Path,
+    arch: str,
+    seed: int = 0,
+    wide: bool = False,
+    harmony: bool = False,
+    context: int = 1024,
+    corpus: str = "",
 ) -> Path:
     """A 2-layer random checkpoint of the given family, saved as a Hugging Face folder;
     `wide`: matmul inputs of 256 (whole Q4_K blocks), experts included; `harmony`: gpt-oss's
-    special tokens and chat template."""
+    special tokens and chat template; `context` tokens of positions; a `corpus` the
+    tokenizer also learns from, with a vocabulary of 4096 (its text then takes few tokens)."""
     import transformers
 
     folder.mkdir(parents=True, exist_ok=True)
     if harmony:
         vocab = write_tokenizer(folder, 384, HARMONY_SPECIALS, HARMONY_TEMPLATE, "<|return|>")
+    elif corpus:
+        vocab = write_tokenizer(folder, 4096, extra_corpus=corpus)
     else:
         vocab = write_tokenizer(folder)
     common = dict(
@@ -148,7 +158,7 @@ def write_tiny_model(
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=1024,
+        max_position_embeddings=context,
         rms_norm_eps=1e-6,
         eos_token_id=HARMONY_SPECIALS.index("<|return|>")
         if harmony

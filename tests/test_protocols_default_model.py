@@ -132,7 +132,7 @@ def test_anthropic_count_tokens_and_errors(claude, serve):
                 }
             ],
         )
-    assert "text only" in err.value.body["error"]["message"]
+    assert "images are not supported" in err.value.body["error"]["message"]
     with pytest.raises(anthropic.NotFoundError):
         claude.messages.create(
             model="claude-x", max_tokens=5, messages=[{"role": "user", "content": "x"}]

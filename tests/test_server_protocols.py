@@ -123,7 +123,7 @@ def test_model_names(server):
                 "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}],
             },
             400,
-            "text only",
+            "images are not supported",
         ),
         (
             "/v1/messages",
@@ -205,7 +205,7 @@ def test_anthropic_accepts_x_api_key(tiny_llama):  # and either of two headers
             "/api/chat",
             {"model": "tiny", "messages": [{"role": "user", "content": "x", "images": ["AA"]}]},
             400,
-            "text only",
+            "images are not supported",
         ),
         (
             "/api/chat",

@@ -24,5 +24,17 @@ class RequestError(LucedeskError):
         self.field = field
 
 
+class ContextOverflow(RequestError):
+    """A prompt longer than the context holds (with room for at least one output token):
+    each protocol answers it in its own words, so clients know to compact."""
+
+    def __init__(self, num_tokens: int, limit: int, field: str | None = None) -> None:
+        super().__init__(
+            f"the prompt ({num_tokens} tokens) leaves no room in the context of {limit} tokens",
+            field,
+        )
+        self.num_tokens, self.limit = num_tokens, limit
+
+
 class PullError(LucedeskError):
     """The default model could not be fetched or verified."""

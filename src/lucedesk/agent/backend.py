@@ -12,7 +12,7 @@ from typing import Protocol
 
 import httpx
 
-from lucedesk.engine import Engine, RequestError, ToolCall, TurnRequest, TurnResult, submit_turn
+from lucedesk.engine import Engine, RequestError, ToolCall, TurnRequest, TurnResult, start_turn
 
 OnText = Callable[[str], None]
 
@@ -42,7 +42,7 @@ class EngineBackend:
         self, req: TurnRequest, owner: str, on_text: OnText, on_reasoning: OnText
     ) -> TurnResult:
         try:
-            turn = submit_turn(self.engine(), req, owner)
+            turn = await start_turn(self.engine(), req, owner)
         except RequestError as exc:
             return failed(str(exc))
         return await turn.collect(on_text, on_reasoning)

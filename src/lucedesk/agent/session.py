@@ -241,7 +241,6 @@ class AgentSession:
             parallel_tool_calls=choice.mode == "auto",
             response_format=response_format,
             max_tokens=max_tokens or s.max_tokens,
-            fit_max_tokens=True,
             temperature=s.temperature,
             top_p=0.95 if s.temperature else 1.0,
         )

@@ -34,9 +34,10 @@ from lucedesk.engine.turn import (
     TurnEvent,
     TurnRequest,
     TurnResult,
+    start_turn,
     submit_turn,
 )
-from lucedesk.errors import RequestError
+from lucedesk.errors import ContextOverflow, RequestError
 
 if TYPE_CHECKING:
     from lucedesk.engine.build import BuiltEngine, kernel_build_notice, launch_engine
@@ -49,6 +50,7 @@ __all__ = [
     "CallDelta",
     "ChatPrompt",
     "Completion",
+    "ContextOverflow",
     "Engine",
     "EngineStats",
     "FinishReason",
@@ -76,6 +78,7 @@ __all__ = [
     "TurnResult",
     "kernel_build_notice",
     "launch_engine",
+    "start_turn",
     "submit_turn",
 ]
 

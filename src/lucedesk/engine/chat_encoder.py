@@ -49,10 +49,19 @@ class ChatEncoder:
             )
         if choice.mode == "required" and not tools:
             raise RequestError("tool_choice 'required' needs at least one tool", "tool_choice")
+        # The grammar holds what it can of each schema; the rest is checked afterwards.
+        strict: dict[str | None, object] = {}
+        held = []
         for i, tool in enumerate(tools):
-            self.grammars.check(Grammar.json_schema(tool.parameters, f"tools[{i}]"))
+            schema = Grammar.json_schema(tool.parameters, f"tools[{i}]")
+            self.grammars.check(schema)
+            if schema.strict is not None:
+                strict[tool.name] = tool.parameters
+            held.append(Tool(tool.name, tool.description, json.loads(schema.source)))
         if response_format is not None:
             self.grammars.check(response_format)
+            if response_format.strict is not None:
+                strict[None] = json.loads(response_format.strict)
         fmt = self.tool_format if tools and choice.mode != "none" else None
         grammar = response_format
         # A harmony reply is channels whatever it holds: a format binds its final answer.
@@ -68,7 +77,7 @@ class ChatEncoder:
                     )
                 text_schema = json.loads(response_format.source)
             grammar = self.tool_format.grammar(
-                tools if fmt is not None else [],
+                held if fmt is not None else [],
                 choice,
                 parallel_tool_calls,
                 text_schema,
@@ -91,4 +100,5 @@ class ChatEncoder:
             frozenset(t.name for t in tools),
             self.reasoning_format,
             self.reasoning_format == "think" and opens_reasoning(text),
+            strict,
         )

@@ -22,7 +22,7 @@ from lucedesk.engine.speculation import PromptLookup
 from lucedesk.engine.stats import EngineStats, StatsCollector
 from lucedesk.engine.tool_calls import Tool, ToolChoice
 from lucedesk.engine.tool_parser import overlap_with_start
-from lucedesk.errors import RequestError
+from lucedesk.errors import ContextOverflow, RequestError
 
 log = logging.getLogger(__name__)
 
@@ -145,19 +145,15 @@ class Engine:
     def output_room(
         self, num_prompt_tokens: int, max_tokens: int | None, field: str = "messages"
     ) -> int:
-        """The max_tokens to submit: `max_tokens` when given (submit rejects one that does not
-        fit), else all the room the prompt leaves in one request. Raises RequestError
-        (naming `field`) when the prompt is empty or leaves no room."""
+        """The max_tokens to submit: `max_tokens` (an upper bound) capped to the room the
+        prompt leaves in one request; all that room when None. Raises RequestError (naming
+        `field`) when the prompt is empty, ContextOverflow when it leaves no room."""
         if num_prompt_tokens == 0:
             raise RequestError("the prompt is empty", field)
         room = self.max_request_tokens - num_prompt_tokens
         if room < 1:
-            raise RequestError(
-                f"the prompt ({num_prompt_tokens} tokens) leaves no room in the context of "
-                f"{self.max_request_tokens} tokens",
-                field,
-            )
-        return room if max_tokens is None else max_tokens
+            raise ContextOverflow(num_prompt_tokens, self.max_request_tokens, field)
+        return room if max_tokens is None else min(max_tokens, room)
 
     def submit(
         self,
@@ -391,6 +387,7 @@ class Engine:
                 error=req.error if final else None,
                 num_prompt_tokens=req.num_prompt_tokens,
                 num_output_tokens=req.num_output_tokens,
+                num_cached_tokens=req.num_cached_tokens or 0,
                 logprobs=logprobs,
                 stop_sequence=s.stop_sequence if final else None,
             )

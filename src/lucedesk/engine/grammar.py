@@ -16,6 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from lucedesk.engine.json_schema import grammar_schema
 from lucedesk.errors import RequestError
 
 if TYPE_CHECKING:
@@ -38,10 +39,16 @@ class Grammar:
     kind: GrammarKind
     source: str
     field: str = "grammar"
+    # The whole schema, when the grammar holds only part of it (json_schema.py): the output
+    # is checked against it after it is written.
+    strict: str | None = None
 
     @classmethod
     def json_schema(cls, schema: dict | bool, field: str = "response_format") -> Grammar:
-        return cls("json_schema", json.dumps(schema), field)
+        """Raises RequestError naming a bound the grammar cannot meet."""
+        loose = grammar_schema(schema, field)
+        strict = json.dumps(schema) if loose.dropped else None
+        return cls("json_schema", json.dumps(loose.schema), field, strict)
 
     @classmethod
     def json_object(cls, field: str = "response_format") -> Grammar:
@@ -113,8 +120,9 @@ class GrammarCompiler:
         compiled = grammar.to_llguidance()
         message = llguidance.LLMatcher.validate_grammar(compiled, self.ll_tokenizer)
         if message and not message.startswith("WARNING"):
-            first = message.strip().splitlines()[0]
-            raise RequestError(f"{grammar.field}: cannot be compiled ({first})", grammar.field)
+            raise RequestError(
+                f"{grammar.field}: cannot be compiled ({short_error(message)})", grammar.field
+            )
         with self._lock:
             self._checked[key] = compiled
             if len(self._checked) > 256:
@@ -132,9 +140,15 @@ class GrammarCompiler:
                 self._fresh.move_to_end(key)
                 return fresh.deep_copy()
         fresh = llguidance.LLMatcher(self.ll_tokenizer, self.check(grammar), log_level=0)
+        if not fresh.is_error() and not any(fresh.compute_bitmask()):
+            raise RequestError(
+                f"{grammar.field}: no output can match it (it allows no first token)",
+                grammar.field,
+            )
         if fresh.is_error():
             raise RequestError(
-                f"{grammar.field}: cannot be compiled ({fresh.get_error()})", grammar.field
+                f"{grammar.field}: cannot be compiled ({short_error(fresh.get_error())})",
+                grammar.field,
             )
         with self._lock:
             self._fresh[key] = fresh
@@ -147,3 +161,11 @@ class GrammarCompiler:
         if token_id in self.tokenizer.special_ids:
             return self.tokenizer.decode([token_id], skip_special_tokens=False).encode()
         return self.ll_tokenizer.decode_bytes([token_id])
+
+
+def short_error(message: str, limit: int = 200) -> str:
+    """The grammar library's message without its state dump: its meaningful lines, joined,
+    at most `limit` characters."""
+    lines = [line.strip() for line in message.strip().splitlines()]
+    text = " ".join(line for line in lines if line and set(line) != {"^"})
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -33,6 +33,7 @@ class RequestOutput:
     error: str | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens whose KV the prefix cache already held
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token of `token_ids`, where asked
     stop_sequence: str | None = None  # on the last output: the stop string that ended it
 

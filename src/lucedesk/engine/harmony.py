@@ -167,7 +167,9 @@ class HarmonyParser:
             pass
         return merge(events)
 
-    def finish(self) -> list:
+    def finish(self, cut: bool = False) -> list:
+        """`cut` (max_tokens ended the reply) changes nothing: harmony's markers are single
+        tokens, never held back half-written."""
         events: list = []
         if self._state == "content":
             self._emit(self._buffer, events)

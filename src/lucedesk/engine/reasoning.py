@@ -77,7 +77,7 @@ class ThinkSplitter:
             pass
         return merge(events)
 
-    def finish(self) -> list:
+    def finish(self, cut: bool = False) -> list:
         events: list = []
         if self._state == "reasoning":
             events.append(ReasoningDelta(self._lead(self._buffer).rstrip()))
@@ -85,7 +85,7 @@ class ThinkSplitter:
             events += self._answer(self._buffer)
         self._buffer = ""
         if self.inner is not None:
-            events += self.inner.finish()
+            events += self.inner.finish(cut)
         return merge(events)
 
     def _lead(self, text: str) -> str:

@@ -55,7 +55,9 @@ class SamplingParams:
         """Raises RequestError naming the first invalid field; returns self."""
 
         def bad(name: str, rule: str) -> RequestError:
-            return RequestError(f"{name} {rule} (got {getattr(self, name)!r})", name)
+            got = repr(getattr(self, name))  # a long value is shown by its start
+            got = got if len(got) <= 60 else got[:57] + "..."
+            return RequestError(f"{name} {rule} (got {got})", name)
 
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool):
             raise bad("max_tokens", "must be an integer")
@@ -125,6 +127,7 @@ class Request:
     finish_reason: FinishReason | None = None
     error: str | None = None
     num_preemptions: int = 0
+    num_cached_tokens: int | None = None  # prompt tokens the prefix cache held at admission
     # Prompt lookup, where on for this request: its index, the next draft's length and what
     # its drafts came to.
     lookup: PromptLookup | None = None

@@ -7,6 +7,7 @@ import random
 
 import torch
 
+from lucedesk.engine.grammar import short_error
 from lucedesk.engine.handle import TokenLogprob
 from lucedesk.engine.request import Request, SamplingParams
 from lucedesk.engine.seq_engine import StepResult
@@ -85,7 +86,9 @@ class Sampler:
             stopped = False
             if req.matcher is not None:
                 if not req.matcher.consume_token(token) or req.matcher.is_error():
-                    raise ValueError(f"grammar rejected token {token}: {req.matcher.get_error()}")
+                    raise ValueError(
+                        f"grammar rejected token {token}: {short_error(req.matcher.get_error())}"
+                    )
                 stopped = req.matcher.is_stopped()
             if stopped or j == len(draft) or token != draft[j]:
                 return draft[:j], token, stopped
@@ -146,7 +149,7 @@ class Sampler:
             if req.params.ignore_eos and req.end_ids:
                 _forbid_unless_alone(bitmask[k], req.end_ids)
             if req.matcher.is_error():
-                errors[req.slot] = f"grammar failed: {req.matcher.get_error()}"
+                errors[req.slot] = f"grammar failed: {short_error(req.matcher.get_error())}"
             elif not bool(bitmask[k].any()):
                 errors[req.slot] = "the grammar allows no next token"
         # bit j of word w allows token 32*w + j; unpacked where the logits are
@@ -184,7 +187,9 @@ class Sampler:
                 continue
             matcher = req.matcher
             if not matcher.consume_token(token) or matcher.is_error():
-                errors[req.slot] = f"grammar rejected token {token}: {matcher.get_error()}"
+                errors[req.slot] = (
+                    f"grammar rejected token {token}: {short_error(matcher.get_error())}"
+                )
                 del sampled[req.slot]
             elif matcher.is_stopped():
                 stopped.add(req.slot)

@@ -253,6 +253,8 @@ class Scheduler:
         req.block_ids = hits + pool.allocate(new)
         req.block_keys = [pool.key_of(b) for b in hits]
         req.num_computed_tokens = len(hits) * bs
+        if req.num_cached_tokens is None:  # the first admission; not a preempted return
+            req.num_cached_tokens = min(len(hits) * bs, req.num_prompt_tokens)
         req.slot = self.free_slots.pop(0)
         self.running.append(req)
         if pool.caching:

@@ -154,17 +154,21 @@ class ToolCallParser:
             pass
         return merge(events)
 
-    def finish(self) -> list[TextDelta | CallDelta]:
+    def finish(self, cut: bool = False) -> list[TextDelta | CallDelta]:
         """Whatever is held back at the end. A cut-off call whose name is known stays a call
         (its arguments incomplete: `incomplete` says so); one cut off before its name is
-        dropped: it was no text (its marker or opening brace already began a call)."""
+        dropped: it was no text (its marker or opening brace already began a call). `cut`:
+        max_tokens ended the reply, so a held-back start of the marker was a call begun,
+        not text."""
         events: list[TextDelta | CallDelta] = []
         if self._envelope is not None and self._call is not None:
             self._stream_arguments(self._envelope, events)
             self.calls.append(self._call)
             self.incomplete = True
         elif self._state in ("text", "start"):
-            events.append(TextDelta(self._buffer))
+            held = self._buffer
+            begun = overlap_with_start(held, self.open_marker) if cut and self.open_marker else 0
+            events.append(TextDelta(held[: len(held) - begun].rstrip() if begun else held))
         self._buffer, self._envelope, self._call = "", None, None
         return merge(events)
 

@@ -12,27 +12,40 @@ shape; agents run their model turns through the same path.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from lucedesk.engine.grammar import Grammar
 from lucedesk.engine.handle import RequestHandle, TokenLogprob
+from lucedesk.engine.json_schema import check_value
 from lucedesk.engine.request import FinishReason, SamplingParams
 from lucedesk.engine.tool_calls import Tool, ToolCall, ToolChoice
-from lucedesk.engine.tool_parser import CallDelta, ReasoningDelta, TextDelta
+from lucedesk.engine.tool_parser import (
+    CallDelta,
+    ReasoningDelta,
+    TextDelta,
+    overlap_with_start,
+)
+from lucedesk.errors import RequestError
 
 if TYPE_CHECKING:
     from lucedesk.engine.engine import Engine
     from lucedesk.engine.models.chat import ReplyParser
+
+log = logging.getLogger(__name__)
 
 Finish = Literal["stop", "length", "tool_calls", "error"]
 
 
 @dataclass(slots=True)
 class TurnRequest:
-    """A chat turn (`messages` in tool_calls.py's neutral shape) or, with `prompt_ids`, a raw
-    completion of those tokens. Sampling fields left None take the engine's defaults."""
+    """A chat turn (`messages` in tool_calls.py's neutral shape) or, with `prompt_ids` or
+    `prompt_text`, a raw completion of those tokens. Sampling fields left None take the
+    engine's defaults."""
 
     messages: list[dict] = field(default_factory=list)
     tools: list[Tool] = field(default_factory=list)
@@ -43,6 +56,7 @@ class TurnRequest:
     # None: the model's default.
     reasoning: str | None = None
     prompt_ids: list[int] | None = None
+    prompt_text: str | None = None  # a raw completion's prompt, tokenized with the turn
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -54,8 +68,8 @@ class TurnRequest:
     speculative: bool | None = None  # prompt-lookup drafts; None = the engine's default
     logprobs: int | None = None
     prompt_field: str = "messages"  # named in the error for a prompt that leaves no room
-    # Agents: shrink max_tokens to the room the prompt leaves instead of refusing the turn.
-    fit_max_tokens: bool = False
+    # The protocol's names for sampling fields, for errors: {"max_tokens": "max_output_tokens"}
+    field_names: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True, frozen=True)
@@ -79,6 +93,8 @@ class TurnEnd:
     error: str | None = None
     logprobs: tuple[TokenLogprob, ...] = ()  # of the last delta, not yet handed out
     stop_sequence: str | None = None
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache held
+    cut_call: bool = False  # max_tokens ended the reply inside its last call
 
 
 TurnEvent = TextPiece | ReasoningPiece | CallDelta | TurnEnd
@@ -95,16 +111,24 @@ class TurnResult:
     logprobs: list[TokenLogprob]
     stop_sequence: str | None = None
     reasoning: str = ""
+    num_cached_tokens: int = 0
+    cut_call: bool = False
 
 
 def encode(engine: Engine, req: TurnRequest):
-    """The prompt tokens and the reply's parser (None without tools) for `req`; raises
-    RequestError naming the bad field."""
+    """The prompt tokens, the grammar, the reply's parser (None without tools) and the whole
+    schemas to check the reply against for `req`; raises RequestError naming the bad
+    field."""
+    if req.prompt_text is not None:
+        req = dataclasses.replace(req, prompt_ids=engine.tokenizer.encode(req.prompt_text))
     if req.prompt_ids is not None:
         grammar = req.response_format
+        strict = {}
         if grammar is not None:
             engine.check_grammar(grammar)
-        return req.prompt_ids, grammar, None
+            if grammar.strict is not None:
+                strict[None] = json.loads(grammar.strict)
+        return req.prompt_ids, grammar, None, strict
     prompt = engine.encode_chat(
         req.messages,
         req.tools,
@@ -113,15 +137,22 @@ def encode(engine: Engine, req: TurnRequest):
         req.response_format,
         req.reasoning,
     )
-    return prompt.token_ids, prompt.grammar, prompt.parser()
+    return prompt.token_ids, prompt.grammar, prompt.parser(), prompt.strict
 
 
 def submit_turn(engine: Engine, req: TurnRequest, owner: str) -> Turn:
     """Encodes and submits; raises RequestError (the adapter answers it in its own shape)."""
-    prompt_ids, grammar, parser = encode(engine, req)
+    prompt_ids, grammar, parser, strict = encode(engine, req)
+    # max_tokens is an upper bound: capped to the room the prompt leaves, as peers do.
     max_tokens = engine.output_room(len(prompt_ids), req.max_tokens, req.prompt_field)
-    if req.fit_max_tokens:
-        max_tokens = min(max_tokens, engine.output_room(len(prompt_ids), None))
+    # Stop strings end free text only, never a call or a schema the grammar holds: with a
+    # parser the turn looks for them in the answer's text (`free_stops`); a reply the
+    # grammar holds whole has none.
+    engine_stops, free_stops = tuple(req.stop), ()
+    if grammar is not None or parser is not None:
+        if parser is not None and req.response_format is None:
+            free_stops = engine_stops
+        engine_stops = ()
     params = SamplingParams(
         max_tokens=max_tokens,
         temperature=1.0 if req.temperature is None else req.temperature,
@@ -135,19 +166,57 @@ def submit_turn(engine: Engine, req: TurnRequest, owner: str) -> Turn:
         grammar=grammar,
         logprobs=req.logprobs,
     )
+    try:
+        params.validate()  # the stop strings too, wherever they are looked for
+    except RequestError as exc:
+        name = req.field_names.get(exc.field or "")
+        if name is None:
+            raise
+        raise RequestError(name + str(exc).removeprefix(exc.field or ""), name) from None
+    params = dataclasses.replace(params, stop=engine_stops)
     handle = engine.submit(prompt_ids, params, owner=owner)
-    return Turn(engine, handle, parser)
+    return Turn(engine, handle, parser, strict, free_stops)
+
+
+async def start_turn(engine: Engine, req: TurnRequest, owner: str) -> Turn:
+    """submit_turn off the event loop: a long prompt's template and tokenizer run take
+    seconds, which would stall every other client of that loop. A caller cancelled while
+    it runs leaves no request behind: the turn is cancelled once submitted."""
+    submitted = asyncio.get_running_loop().run_in_executor(None, submit_turn, engine, req, owner)
+    try:
+        return await asyncio.shield(submitted)
+    except asyncio.CancelledError:
+        submitted.add_done_callback(_cancel_submitted)
+        raise
+
+
+def _cancel_submitted(submitted: asyncio.Future) -> None:
+    if not submitted.cancelled() and submitted.exception() is None:
+        submitted.result().cancel()
 
 
 class Turn:
-    """A submitted turn. Read it once: `events()` while it streams, or `complete()`."""
+    """A submitted turn. Read it once: `events()` while it streams, or `complete()`.
+    `strict` holds the whole schemas its grammar held only part of (a tool's by name, the
+    answer's under None): the reply is checked against them when it ends, and what fails is
+    logged (a client validates calls itself; lucedesk's agent answers the model with it)."""
 
-    def __init__(self, engine: Engine, handle: RequestHandle, parser: ReplyParser | None):
+    def __init__(
+        self,
+        engine: Engine,
+        handle: RequestHandle,
+        parser: ReplyParser | None,
+        strict: dict[str | None, object] | None = None,
+        stops: tuple[str, ...] = (),
+    ):
         self.engine = engine
         self.handle = handle
         self.parser = parser
+        self.strict = strict or {}
+        self.stops = FreeTextStops(stops) if stops else None
         self.num_prompt_tokens = handle.num_prompt_tokens
         self.finished = False
+        self._text: list[str] = []
 
     def cancel(self) -> None:
         self.engine.cancel(self.handle.request_id)
@@ -160,15 +229,38 @@ class Turn:
             async for out in self.handle:
                 pieces = parser.feed(out.text) if parser is not None else []
                 if out.finished and parser is not None:
-                    pieces += parser.finish()
+                    pieces += parser.finish(out.finish_reason is FinishReason.LENGTH)
                 if parser is None and out.text:
                     pieces = [TextDelta(out.text)]
                 logprobs = out.logprobs
+                stops = self.stops
+                if stops is not None and out.finished:
+                    pieces.append(TextDelta(""))  # the end: what stops held back goes out
                 for piece in pieces:
                     if isinstance(piece, TextDelta):
-                        yield TextPiece(piece.text, logprobs)
+                        text, stop = piece.text, None
+                        if stops is not None:
+                            text, stop = stops.feed(text, final=out.finished)
+                        if None in self.strict:
+                            self._text.append(text)
+                        if text or logprobs:
+                            yield TextPiece(text, logprobs)
                         logprobs = ()
-                    elif isinstance(piece, ReasoningDelta):
+                        if stop is not None:  # the request ends here
+                            self.finished = True
+                            self.cancel()
+                            yield TurnEnd(
+                                "stop",
+                                out.num_prompt_tokens,
+                                out.num_output_tokens,
+                                stop_sequence=stop,
+                                num_cached_tokens=out.num_cached_tokens,
+                            )
+                            return
+                        continue
+                    if stops is not None and stops.held:  # the free text ended before it
+                        yield TextPiece(stops.feed("", final=True)[0])
+                    if isinstance(piece, ReasoningDelta):
                         yield ReasoningPiece(piece.text)
                     else:
                         yield piece
@@ -177,6 +269,8 @@ class Turn:
                         yield TextPiece("", logprobs)
                     continue
                 self.finished = True
+                if self.strict and out.finish_reason is not FinishReason.LENGTH:
+                    self._check_strict()
                 yield TurnEnd(
                     self._finish(out.finish_reason),
                     out.num_prompt_tokens,
@@ -184,6 +278,8 @@ class Turn:
                     out.error,
                     logprobs,
                     out.stop_sequence,
+                    out.num_cached_tokens,
+                    parser is not None and parser.incomplete,
                 )
         finally:
             if not self.finished:
@@ -240,7 +336,29 @@ class Turn:
             logprobs,
             end.stop_sequence,
             "".join(reasoning),
+            end.num_cached_tokens,
+            end.cut_call,
         )
+
+    def _check_strict(self) -> None:
+        replies: list[tuple[str | None, str, str]] = []  # (schema key, what, its JSON)
+        if None in self.strict and self._text:
+            replies.append((None, "the answer", "".join(self._text)))
+        for call in self.parser.calls if self.parser is not None else []:
+            if call.name in self.strict:
+                replies.append((call.name, f"a call of {call.name}", call.arguments))
+        for key, what, text in replies:
+            try:
+                problem = check_value(self.strict[key], json.loads(text))
+            except json.JSONDecodeError:
+                problem = "not JSON"
+            if problem is not None:
+                log.warning(
+                    "%s (%s) breaks a schema keyword the grammar cannot hold: %s",
+                    what,
+                    self.handle.request_id,
+                    problem,
+                )
 
     def _finish(self, reason: FinishReason | None) -> Finish:
         if reason is FinishReason.ERROR:
@@ -250,3 +368,24 @@ class Turn:
         if self.parser is not None and self.parser.calls:
             return "tool_calls"
         return "stop"
+
+
+class FreeTextStops:
+    """Stop strings over a reply's free text, fed piece by piece: a tail that could grow
+    into a stop string is held back until the next piece says."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = stops
+        self.held = ""
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, str | None]:
+        """(the text safe to hand out, the stop string found or None)."""
+        text, self.held = self.held + text, ""
+        hits = [(i, stop) for stop in self.stops if (i := text.find(stop)) >= 0]
+        if hits:
+            at, stop = min(hits)
+            return text[:at], stop
+        if not final:
+            keep = max(overlap_with_start(text, stop) for stop in self.stops)
+            text, self.held = text[: len(text) - keep], text[len(text) - keep :]
+        return text, None

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Literal
@@ -13,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from lucedesk.engine import (
     CallDelta,
+    Grammar,
     ReasoningPiece,
     RequestError,
     TextPiece,
@@ -21,11 +23,14 @@ from lucedesk.engine import (
     ToolChoice,
     TurnEnd,
     TurnRequest,
-    submit_turn,
+    TurnResult,
+    start_turn,
 )
-from lucedesk.server.errors import TEXT_ONLY, APIError
+from lucedesk.server.errors import TEXT_ONLY, APIError, not_text
 from lucedesk.server.replies import Json, TurnStream, dumps
 from lucedesk.server.served import Served, owner_label
+
+log = logging.getLogger(__name__)
 
 
 class TextBlock(BaseModel):
@@ -79,7 +84,9 @@ Block = (
 
 
 class Message(BaseModel):
-    role: Literal["user", "assistant"]
+    # A system entry inside `messages` (Claude Code sends them) is rendered where it stands
+    # when the template allows, else joined to the leading system prompt.
+    role: Literal["user", "assistant", "system"]
     content: str | list[Block]
 
 
@@ -107,6 +114,21 @@ class ThinkingSpec(BaseModel):
     display: Literal["summarized", "omitted"] | None = None
 
 
+class OutputFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(BaseModel):
+    """`output_config`: a JSON schema the reply's text must match (held by the grammar, as
+    OpenAI's response_format is) and the effort, which sets the reasoning level."""
+
+    model_config = ConfigDict(extra="allow")
+    format: OutputFormat | None = None
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+
+
 class MessagesRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -122,6 +144,8 @@ class MessagesRequest(BaseModel):
     top_k: int | None = Field(default=None, ge=0)
     stream: bool = False
     thinking: ThinkingSpec | None = None
+    output_config: OutputConfig | None = None
+    output_format: OutputFormat | None = None  # the structured-outputs beta's spelling
 
 
 class CountTokensRequest(BaseModel):
@@ -199,8 +223,10 @@ def messages_of(body: MessagesRequest | CountTokensRequest) -> list[dict]:
                     f"{field}: a {block.type} block cannot be in a {m.role} turn", field
                 )
             else:
-                raise RequestError(f"{field}: {block.type!r} blocks: {TEXT_ONLY}", field)
-        if m.role == "assistant":
+                raise RequestError(f"{field}: {not_text(block.type, 'blocks')}", field)
+        if m.role == "system":
+            out.append({"role": "system", "content": "".join(text)})
+        elif m.role == "assistant":
             reply = {"role": "assistant", "content": "".join(text) or None, "tool_calls": calls}
             if reasoning:
                 reply["reasoning"] = "\n".join(reasoning)
@@ -211,7 +237,17 @@ def messages_of(body: MessagesRequest | CountTokensRequest) -> list[dict]:
 
 
 def tools_of(body: MessagesRequest | CountTokensRequest) -> list[Tool]:
-    return [Tool(t.name, t.description or "", t.input_schema) for t in body.tools or []]
+    """The client's own tools. Anthropic's versioned tools (`web_search_20250305`,
+    `bash_20250124`, `text_editor_...`) are run by Anthropic or defined by it without a
+    schema: they are left out, with a log line, so a client that always sends them works."""
+    tools = []
+    for i, t in enumerate(body.tools or []):
+        kind = getattr(t, "type", None)
+        if kind not in (None, "custom"):
+            log.info("messages: tools[%d] of type %r is not served here; left out", i, kind)
+            continue
+        tools.append(Tool(t.name, t.description or "", t.input_schema))
+    return tools
 
 
 def reasoning_of(spec: ThinkingSpec | None) -> str | None:
@@ -225,6 +261,22 @@ def reasoning_of(spec: ThinkingSpec | None) -> str | None:
     if budget is None:
         return "medium"
     return "low" if budget < 4096 else "medium" if budget < 16384 else "high"
+
+
+def output_format_of(body: MessagesRequest) -> Grammar | None:
+    if body.output_config is not None and body.output_config.format is not None:
+        return Grammar.json_schema(body.output_config.format.schema_, "output_config.format")
+    if body.output_format is not None:
+        return Grammar.json_schema(body.output_format.schema_, "output_format")
+    return None
+
+
+def effort_of(body: MessagesRequest) -> str | None:
+    """The reasoning level: `thinking` when sent, else `output_config.effort`."""
+    if body.thinking is not None or body.output_config is None:
+        return reasoning_of(body.thinking)
+    effort = body.output_config.effort
+    return None if effort is None else {"xhigh": "high", "max": "high"}.get(effort, effort)
 
 
 def tool_choice_of(spec: ToolChoiceSpec | None) -> tuple[ToolChoice, bool]:
@@ -250,6 +302,18 @@ def stop_reason(finish: str, stop_sequence: str | None) -> str:
     return "stop_sequence" if stop_sequence is not None else STOP_REASONS[finish]
 
 
+def usage(end: TurnEnd | TurnResult) -> dict:
+    """Anthropic's split: `input_tokens` are those computed, the prefix cache's hits are
+    `cache_read_input_tokens`; together the prompt."""
+    cached = end.num_cached_tokens
+    return {
+        "input_tokens": end.num_prompt_tokens - cached,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+        "output_tokens": end.num_output_tokens,
+    }
+
+
 def sse(event: str, data: dict) -> str:
     return f"event: {event}\ndata: {dumps({'type': event, **data})}\n\n"
 
@@ -261,7 +325,7 @@ def routes(served: Served) -> APIRouter:
     async def messages(body: MessagesRequest, request: Request):
         served.check_model(body.model)
         choice, parallel = tool_choice_of(body.tool_choice)
-        turn = submit_turn(
+        turn = await start_turn(
             served.engine(),
             TurnRequest(
                 messages=messages_of(body),
@@ -273,7 +337,9 @@ def routes(served: Served) -> APIRouter:
                 top_p=body.top_p,
                 top_k=body.top_k,
                 stop=tuple(body.stop_sequences or ()),
-                reasoning=reasoning_of(body.thinking),
+                reasoning=effort_of(body),
+                response_format=output_format_of(body),
+                field_names={"stop": "stop_sequences"},
             ),
             owner_label(request),
         )
@@ -303,15 +369,12 @@ def routes(served: Served) -> APIRouter:
                 "content": content,
                 "stop_reason": stop_reason(done.finish, done.stop_sequence),
                 "stop_sequence": done.stop_sequence,
-                "usage": {
-                    "input_tokens": done.num_prompt_tokens,
-                    "output_tokens": done.num_output_tokens,
-                },
+                "usage": usage(done),
             }
         )
 
     @router.post("/v1/messages/count_tokens")
-    async def count_tokens(body: CountTokensRequest):
+    def count_tokens(body: CountTokensRequest):  # sync: FastAPI runs it off the loop
         served.check_model(body.model)
         prompt = served.engine().encode_chat(messages_of(body), tools_of(body))
         return {"input_tokens": len(prompt.token_ids)}
@@ -342,7 +405,12 @@ async def stream(turn, mid: str, model: str, omitted: bool = False) -> AsyncIter
                 "content": [],
                 "stop_reason": None,
                 "stop_sequence": None,
-                "usage": {"input_tokens": turn.num_prompt_tokens, "output_tokens": 0},
+                "usage": {
+                    "input_tokens": turn.num_prompt_tokens,
+                    "cache_creation_input_tokens": 0,
+                    "cache_read_input_tokens": 0,
+                    "output_tokens": 0,
+                },
             }
         },
     )
@@ -381,7 +449,7 @@ async def stream(turn, mid: str, model: str, omitted: bool = False) -> AsyncIter
                         "stop_reason": stop_reason(event.finish, event.stop_sequence),
                         "stop_sequence": event.stop_sequence,
                     },
-                    "usage": {"output_tokens": event.num_output_tokens},
+                    "usage": usage(event),
                 },
             )
             yield sse("message_stop", {})

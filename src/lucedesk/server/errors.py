@@ -15,15 +15,25 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from lucedesk.engine import QueueFullError, RequestError
+from lucedesk.engine import ContextOverflow, QueueFullError, RequestError
 
 log = logging.getLogger(__name__)
 
-# Said of image, audio and document parts, in every protocol.
+# Said of audio, document and other parts that are not text, in every protocol.
 TEXT_ONLY = "the loaded model takes text only"
+IMAGES = "images are not supported by the loaded model"
+IMAGE_KINDS = frozenset({"image", "image_url", "input_image"})
+
+
+def not_text(kind: str, what: str = "parts") -> str:
+    """Why a part of this kind is refused: images by name, the rest as not text."""
+    return IMAGES if kind in IMAGE_KINDS else f"{kind!r} {what}: {TEXT_ONLY}"
 
 
 class APIError(Exception):
+    """`messages` may give a protocol its own wording ({"anthropic": ..., "ollama": ...});
+    `code` is OpenAI's error code (the status when None)."""
+
     def __init__(
         self,
         status: int,
@@ -31,10 +41,12 @@ class APIError(Exception):
         param: str | None = None,
         kind: str = "invalid_request_error",
         headers: dict[str, str] | None = None,
+        code: str | None = None,
+        messages: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.kind = status, message, param, kind
-        self.headers = headers
+        self.headers, self.code, self.messages = headers, code, messages or {}
 
 
 def error_body(message: str, kind: str, param: str | None = None, code: str | None = None):
@@ -56,12 +68,13 @@ def protocol_of(path: str) -> str:
 
 
 def body_for(protocol: str, exc: APIError) -> dict:
+    message = exc.messages.get(protocol, exc.message)
     if protocol == "anthropic":
         kind = ANTHROPIC_KINDS.get(exc.kind, exc.kind)
-        return {"type": "error", "error": {"type": kind, "message": exc.message}}
+        return {"type": "error", "error": {"type": kind, "message": message}}
     if protocol == "ollama":
-        return {"error": exc.message}
-    return error_body(exc.message, exc.kind, exc.param, str(exc.status))
+        return {"error": message}
+    return error_body(message, exc.kind, exc.param, exc.code or str(exc.status))
 
 
 def error_response(exc: APIError, path: str = "") -> JSONResponse:
@@ -73,7 +86,28 @@ def error_response(exc: APIError, path: str = "") -> JSONResponse:
 def from_request_error(exc: RequestError) -> APIError:
     if isinstance(exc, QueueFullError):
         return APIError(503, str(exc), kind="server_busy", headers={"Retry-After": "1"})
+    if isinstance(exc, ContextOverflow):
+        return context_overflow(exc)
     return APIError(400, str(exc), exc.field)
+
+
+def context_overflow(exc: ContextOverflow) -> APIError:
+    """A prompt the context cannot hold, in the words each protocol's clients look for to
+    compact their history (OpenAI's code and sentence, Anthropic's "prompt is too long",
+    Ollama's own)."""
+    n, limit, what = exc.num_tokens, exc.limit, exc.field or "messages"
+    return APIError(
+        400,
+        f"This model's maximum context length is {limit} tokens. However, your {what} "
+        f"resulted in {n} tokens. Please reduce the length of the {what}.",
+        exc.field,
+        code="context_length_exceeded",
+        messages={
+            "anthropic": f"prompt is too long: {n} tokens > {limit - 1} maximum",
+            "ollama": f"the input length exceeds the context length ({n} tokens, the "
+            f"context holds {limit})",
+        },
+    )
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "literal"}

@@ -25,9 +25,9 @@ from lucedesk.engine import (
     ToolCall,
     TurnEnd,
     TurnRequest,
-    submit_turn,
+    start_turn,
 )
-from lucedesk.server.errors import TEXT_ONLY, APIError
+from lucedesk.server.errors import IMAGES, APIError
 from lucedesk.server.openai_wire import NamedToolChoice, tool_choice_of
 from lucedesk.server.replies import Json, TurnStream, dumps
 from lucedesk.server.served import Served, owner_label
@@ -128,6 +128,10 @@ def sampling_of(options: Options | None) -> dict:
         stop=tuple(o.stop or ()),
         ignore_eos=bool(o.ignore_eos),
         speculative=o.speculative,
+        field_names={
+            "max_tokens": "options.num_predict",
+            **{f: f"options.{f}" for f in ("temperature", "top_p", "top_k", "min_p", "stop")},
+        },
     )
 
 
@@ -150,7 +154,7 @@ def messages_of(body: ChatRequest) -> list[dict]:
     pending: list[ToolCall] = []
     for i, m in enumerate(body.messages):
         if m.images:
-            raise RequestError(f"messages[{i}].images: {TEXT_ONLY}", f"messages[{i}].images")
+            raise RequestError(f"messages[{i}].images: {IMAGES}", f"messages[{i}].images")
         if m.role == "assistant" and m.tool_calls:
             calls = [
                 ToolCall(f"call_{i}_{j}", c.function.name, json.dumps(c.function.arguments))
@@ -274,7 +278,7 @@ def routes(served: Served) -> APIRouter:
         served.check_model(body.model)
         if not body.messages:  # Ollama's way to load a model: answer at once
             return Json(_done_line(served.model_id, "load", 0, 0, 0.0, chat=True))
-        turn = submit_turn(
+        turn = await start_turn(
             served.engine(),
             TurnRequest(
                 messages=messages_of(body),
@@ -292,17 +296,17 @@ def routes(served: Served) -> APIRouter:
     async def generate(body: GenerateRequest, request: Request):
         served.check_model(body.model)
         if body.images:
-            raise APIError(400, f"images: {TEXT_ONLY}", "images")
+            raise APIError(400, f"images: {IMAGES}", "images")
         if not body.prompt:  # loads the model: answer at once
             return Json(_done_line(served.model_id, "load", 0, 0, 0.0, chat=False))
         eng = served.engine()
         if body.raw:
-            request_fields = {"prompt_ids": eng.tokenizer.encode(body.prompt)}
+            request_fields = {"prompt_text": body.prompt}
         else:
             messages = [{"role": "system", "content": body.system}] if body.system else []
             messages.append({"role": "user", "content": body.prompt})
             request_fields = {"messages": messages}
-        turn = submit_turn(
+        turn = await start_turn(
             eng,
             TurnRequest(
                 **request_fields,

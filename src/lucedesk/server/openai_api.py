@@ -16,7 +16,7 @@ from lucedesk.engine import (
     Turn,
     TurnEnd,
     TurnRequest,
-    submit_turn,
+    start_turn,
 )
 from lucedesk.server import errors
 from lucedesk.server import openai_wire as wire
@@ -56,14 +56,14 @@ def routes(served: Served) -> APIRouter:
             messages=wire.messages_of(body),
             tools=wire.tools_of(body),
             tool_choice=wire.tool_choice_of(body),
-            parallel_tool_calls=body.parallel_tool_calls is not False,
+            parallel_tool_calls=body.parallel_tool_calls is not False and not body.legacy_functions,
             response_format=wire.grammar_of(body.response_format),
             reasoning=wire.reasoning_of(body),
             logprobs=(body.top_logprobs or 0) if body.logprobs else None,
             **sampling_of(body, body.max_completion_tokens or body.max_tokens),
         )
-        turn = submit_turn(served.engine(), turn_request, owner_label(request))
-        reply = Reply(served, turn, chat=True, logprobs=bool(body.logprobs))
+        turn = await start_turn(served.engine(), turn_request, owner_label(request))
+        reply = Reply(served, turn, True, bool(body.logprobs), body.legacy_functions)
         return await reply.answer(body, request)
 
     @router.post("/v1/completions")
@@ -71,21 +71,21 @@ def routes(served: Served) -> APIRouter:
         check_common(body)
         engine = served.engine()
         if isinstance(body.prompt, str):
-            prompt = engine.tokenizer.encode(body.prompt)
+            prompt = {"prompt_text": body.prompt}
         elif body.prompt and all(isinstance(p, str) for p in body.prompt):
             if len(body.prompt) != 1:
                 raise APIError(400, "only one prompt per request is supported", "prompt")
-            prompt = engine.tokenizer.encode(body.prompt[0])
+            prompt = {"prompt_text": body.prompt[0]}
         else:
-            prompt = list(body.prompt)
+            prompt = {"prompt_ids": list(body.prompt)}
         turn_request = TurnRequest(
-            prompt_ids=prompt,
+            **prompt,
             prompt_field="prompt",
             response_format=wire.grammar_of(body.response_format),
             logprobs=body.logprobs,
             **sampling_of(body, body.max_tokens),
         )
-        turn = submit_turn(engine, turn_request, owner_label(request))
+        turn = await start_turn(engine, turn_request, owner_label(request))
         reply = Reply(served, turn, chat=False, logprobs=body.logprobs is not None)
         return await reply.answer(body, request)
 
@@ -95,8 +95,11 @@ def routes(served: Served) -> APIRouter:
 class Reply:
     """One completion's answer: a JSON body or an SSE stream of chunks."""
 
-    def __init__(self, served: Served, turn: Turn, chat: bool, logprobs: bool) -> None:
+    def __init__(
+        self, served: Served, turn: Turn, chat: bool, logprobs: bool, legacy: bool = False
+    ) -> None:
         self.turn, self.chat, self.want_logprobs = turn, chat, logprobs
+        self.legacy_functions = legacy  # answer calls as the legacy `function_call`
         self.rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.model = served.model_id
@@ -115,10 +118,11 @@ class Reply:
             fmt = self.format_logprobs
             logprobs = fmt.chat(done.logprobs) if self.chat else fmt.completion(done.logprobs)
         if self.chat:
+            message_of = wire.legacy_message_of if self.legacy_functions else wire.message_of
             choice = {
                 "index": 0,
-                "message": wire.message_of(done.text, done.calls, done.reasoning),
-                "finish_reason": done.finish,
+                "message": message_of(done.text, done.calls, done.reasoning),
+                "finish_reason": self.finish_reason(done.finish),
                 "logprobs": logprobs,
             }
         else:
@@ -135,9 +139,14 @@ class Reply:
                 "created": self.created,
                 "model": self.model,
                 "choices": [choice],
-                "usage": wire.usage(done.num_prompt_tokens, done.num_output_tokens),
+                "usage": wire.usage(
+                    done.num_prompt_tokens, done.num_output_tokens, done.num_cached_tokens
+                ),
             }
         )
+
+    def finish_reason(self, finish: str) -> str:
+        return "function_call" if finish == "tool_calls" and self.legacy_functions else finish
 
     def event(self, choice: dict | None, usage: dict | None = None) -> str:
         payload = {
@@ -174,7 +183,10 @@ class Reply:
             elif isinstance(event, ReasoningPiece):
                 yield self.event(self.piece(wire.reasoning_delta(event.text)))
             elif isinstance(event, CallDelta):
-                yield self.event(self.piece(wire.call_delta(event)))
+                if not self.legacy_functions:
+                    yield self.event(self.piece(wire.call_delta(event)))
+                elif event.index == 0:  # the legacy API holds one call
+                    yield self.event(self.piece(wire.legacy_call_delta(event)))
             elif isinstance(event, TurnEnd):
                 if event.logprobs and self.want_logprobs:
                     yield self.event(self.piece({}, event.logprobs))
@@ -184,8 +196,10 @@ class Reply:
                     )
                     yield f"data: {dumps(body)}\n\n"
                 else:
-                    yield self.event(self.piece({}, (), event.finish))
+                    yield self.event(self.piece({}, (), self.finish_reason(event.finish)))
                 if include_usage:
-                    usage = wire.usage(event.num_prompt_tokens, event.num_output_tokens)
+                    usage = wire.usage(
+                        event.num_prompt_tokens, event.num_output_tokens, event.num_cached_tokens
+                    )
                     yield self.event(None, usage)
         yield "data: [DONE]\n\n"

@@ -5,6 +5,7 @@ shapes built from engine outputs. No routes here: app.py wires these to the engi
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -20,6 +21,9 @@ from lucedesk.engine import (
     ToolCall,
     ToolChoice,
 )
+from lucedesk.server.errors import not_text
+
+log = logging.getLogger(__name__)
 
 # -- requests ---------------------------------------------------------------------------------
 
@@ -27,6 +31,13 @@ from lucedesk.engine import (
 class TextPart(BaseModel):
     type: Literal["text"]
     text: str
+
+
+class OtherPart(BaseModel):
+    """A part that is not text (image_url, input_audio, file): refused by name."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
 
 
 class FunctionCall(BaseModel):
@@ -43,21 +54,26 @@ class ToolCallIn(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[TextPart | OtherPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
+    function_call: FunctionCall | None = None  # the legacy functions API's one call
     # An earlier reply's reasoning, as llama.cpp (reasoning_content) and vLLM (reasoning)
     # send it back.
     reasoning_content: str | None = None
     reasoning: str | None = None
 
-    def text(self) -> str:
+    def text(self, field: str = "content") -> str:
+        """The text; raises RequestError naming a part that is not text (`field[j]`)."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
+        for j, part in enumerate(self.content):
+            if not isinstance(part, TextPart):
+                raise RequestError(f"{field}[{j}]: {not_text(part.type)}", f"{field}")
         return "".join(part.text for part in self.content)
 
 
@@ -136,6 +152,13 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: bool | None = True
     logprobs: bool | None = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    # The legacy functions API: one call per reply, answered in `function_call`.
+    functions: list[FunctionDef] | None = None
+    function_call: Literal["auto", "none"] | NamedFunction | None = None
+
+    @property
+    def legacy_functions(self) -> bool:
+        return self.functions is not None and self.tools is None
 
 
 class CompletionRequest(SamplingFields):
@@ -174,16 +197,24 @@ def reasoning_of(body: ChatCompletionRequest) -> str | None:
 
 
 def tools_of(body: ChatCompletionRequest) -> list[Tool]:
+    functions = (body.functions or []) if body.legacy_functions else []
+    if body.functions and not body.legacy_functions:
+        log.info("chat: `functions` sent beside `tools`; the tools are offered, not them")
     tools = []
-    for t in body.tools or []:
-        params = t.function.parameters or {"type": "object", "properties": {}}
-        tools.append(Tool(t.function.name, t.function.description or "", params))
+    for f in [t.function for t in body.tools or []] + functions:
+        params = f.parameters or {"type": "object", "properties": {}}
+        tools.append(Tool(f.name, f.description or "", params))
     return tools
 
 
 def tool_choice_of(body) -> ToolChoice:
-    """OpenAI's `tool_choice` (of any body that takes it: Ollama's chat takes it too)."""
+    """OpenAI's `tool_choice` (of any body that takes it: Ollama's chat takes it too), or
+    the legacy `function_call`."""
     choice = body.tool_choice
+    if choice is None and getattr(body, "legacy_functions", False):
+        choice = body.function_call
+        if isinstance(choice, NamedFunction):
+            return ToolChoice("function", choice.name)
     if isinstance(choice, NamedToolChoice):
         return ToolChoice("function", choice.function.name)
     return ToolChoice(choice or "auto")
@@ -194,8 +225,25 @@ def messages_of(body: ChatCompletionRequest) -> list[dict]:
     field for call arguments that are not JSON and results for calls never made."""
     out: list[dict] = []
     calls_made: dict[str, str] = {}  # call id -> function name
+    legacy_calls: dict[str, str] = {}  # function name -> id of its last legacy call
     for i, m in enumerate(body.messages):
         role = "system" if m.role == "developer" else m.role
+        if role == "assistant" and m.function_call is not None and not m.tool_calls:
+            # A legacy call has no id: it gets one, and its result (role function) is
+            # matched to it by the function's name.
+            call_id = f"call_{i}"
+            legacy_calls[m.function_call.name] = call_id
+            m = m.model_copy(
+                update={"tool_calls": [ToolCallIn(id=call_id, function=m.function_call)]}
+            )
+        if role == "function":
+            field = f"messages[{i}].name"
+            if not m.name or m.name not in legacy_calls:
+                raise RequestError(
+                    f"{field} {m.name!r} names no function_call of an earlier message", field
+                )
+            role = "tool"
+            m = m.model_copy(update={"tool_call_id": legacy_calls.pop(m.name)})
         if role == "assistant" and m.tool_calls:
             calls = []
             for j, c in enumerate(m.tool_calls):
@@ -208,7 +256,12 @@ def messages_of(body: ChatCompletionRequest) -> list[dict]:
                 calls.append(ToolCall(c.id, c.function.name, c.function.arguments))
             out.append(
                 with_reasoning(
-                    {"role": "assistant", "content": m.text() or None, "tool_calls": calls}, m
+                    {
+                        "role": "assistant",
+                        "content": m.text(f"messages[{i}].content") or None,
+                        "tool_calls": calls,
+                    },
+                    m,
                 )
             )
         elif role == "tool":
@@ -222,10 +275,17 @@ def messages_of(body: ChatCompletionRequest) -> list[dict]:
                 )
             name = calls_made[m.tool_call_id]
             out.append(
-                {"role": "tool", "tool_call_id": m.tool_call_id, "name": name, "content": m.text()}
+                {
+                    "role": "tool",
+                    "tool_call_id": m.tool_call_id,
+                    "name": name,
+                    "content": m.text(f"messages[{i}].content"),
+                }
             )
         else:
-            out.append(with_reasoning({"role": role, "content": m.text()}, m))
+            out.append(
+                with_reasoning({"role": role, "content": m.text(f"messages[{i}].content")}, m)
+            )
     return out
 
 
@@ -239,11 +299,13 @@ def with_reasoning(message: dict, m: ChatMessage) -> dict:
 # -- responses --------------------------------------------------------------------------------
 
 
-def usage(num_prompt: int, num_output: int) -> dict:
+def usage(num_prompt: int, num_output: int, num_cached: int = 0) -> dict:
+    """`cached_tokens`: prompt tokens the prefix cache held (not computed again)."""
     return {
         "prompt_tokens": num_prompt,
         "completion_tokens": num_output,
         "total_tokens": num_prompt + num_output,
+        "prompt_tokens_details": {"cached_tokens": num_cached},
     }
 
 
@@ -307,6 +369,15 @@ def message_of(content: str, calls: list[ToolCall], reasoning: str = "") -> dict
     return message
 
 
+def legacy_message_of(content: str, calls: list[ToolCall], reasoning: str = "") -> dict:
+    """The reply for the legacy functions API: its one call as `function_call`."""
+    message = message_of(content, calls[:1], reasoning)
+    if message.pop("tool_calls", None):
+        call = calls[0]
+        message["function_call"] = {"name": call.name, "arguments": call.arguments}
+    return message
+
+
 def reasoning_delta(text: str) -> dict:
     return {"reasoning_content": text, "reasoning": text}
 
@@ -320,3 +391,10 @@ def call_delta(event: CallDelta) -> dict:
     else:
         call = {"index": event.index, "function": {"arguments": event.arguments}}
     return {"tool_calls": [call]}
+
+
+def legacy_call_delta(event: CallDelta) -> dict:
+    """call_delta for the legacy functions API: `function_call`, name on the first piece."""
+    if event.id is not None:
+        return {"function_call": {"name": event.name, "arguments": event.arguments}}
+    return {"function_call": {"arguments": event.arguments}}

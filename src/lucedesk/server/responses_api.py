@@ -25,9 +25,9 @@ from lucedesk.engine import (
     TurnEnd,
     TurnRequest,
     TurnResult,
-    submit_turn,
+    start_turn,
 )
-from lucedesk.server.errors import TEXT_ONLY, APIError
+from lucedesk.server.errors import TEXT_ONLY, APIError, not_text
 from lucedesk.server.replies import Json, TurnStream, dumps
 from lucedesk.server.served import Served, owner_label
 
@@ -95,7 +95,7 @@ def _content_text(content: Any, field: str) -> str:
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind not in ("input_text", "output_text", "text"):
-            raise RequestError(f"{field}[{j}]: {kind!r} parts: {TEXT_ONLY}", f"{field}[{j}]")
+            raise RequestError(f"{field}[{j}]: {not_text(kind)}", f"{field}[{j}]")
         parts.append(str(part.get("text", "")))
     return "".join(parts)
 
@@ -251,10 +251,14 @@ class Response:
         }
 
     @staticmethod
-    def usage(num_prompt: int, num_output: int) -> dict:
+    def usage(end: TurnEnd | TurnResult) -> dict:
+        num_prompt, num_output = end.num_prompt_tokens, end.num_output_tokens
         return {
             "input_tokens": num_prompt,
-            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "input_tokens_details": {
+                "cached_tokens": end.num_cached_tokens,
+                "cache_write_tokens": 0,
+            },
             "output_tokens": num_output,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": num_prompt + num_output,
@@ -302,8 +306,10 @@ class Response:
         if done.text.strip() or not done.calls:
             output.append(self.message_item("msg_" + uuid.uuid4().hex[:24], done.text))
         output += [self.call_item("fc_" + uuid.uuid4().hex[:24], c) for c in done.calls]
+        if done.cut_call:  # max_output_tokens ended it mid-arguments
+            output[-1]["status"] = "incomplete"
         status = "incomplete" if done.finish == "length" else "completed"
-        usage = self.usage(done.num_prompt_tokens, done.num_output_tokens)
+        usage = self.usage(done)
         return self.envelope(status, output, usage, done.finish)
 
     def event(self, kind: str, **data) -> str:
@@ -320,7 +326,7 @@ class Response:
         item: dict | None = None  # the open output item
         text = ""
 
-        def close_item():
+        def close_item(call_status: str = "completed"):
             nonlocal item, text
             events = []
             index = len(output)
@@ -338,7 +344,7 @@ class Response:
                 events.append(self.event("response.content_part.done", **loc, part=part))
                 item = self.reasoning_item(item["id"], text)
             else:
-                item["status"] = "completed"
+                item["status"] = call_status
                 events.append(
                     self.event(
                         "response.function_call_arguments.done",
@@ -423,8 +429,8 @@ class Response:
                         delta=event.arguments,
                     )
             elif isinstance(event, TurnEnd):
-                if item is not None:
-                    for e in close_item():
+                if item is not None:  # a call max_output_tokens ended is incomplete
+                    for e in close_item("incomplete" if event.cut_call else "completed"):
                         yield e
                 if event.finish == "error":
                     failed = self.envelope("failed", output, None, None)
@@ -434,7 +440,7 @@ class Response:
                     }
                     yield self.event("response.failed", response=failed)
                     return
-                usage = self.usage(event.num_prompt_tokens, event.num_output_tokens)
+                usage = self.usage(event)
                 if event.finish == "length":
                     done = self.envelope("incomplete", output, usage, "length")
                     yield self.event("response.incomplete", response=done)
@@ -457,7 +463,7 @@ def routes(served: Served) -> APIRouter:
                 "previous_response_id",
             )
         choice = body.tool_choice
-        turn = submit_turn(
+        turn = await start_turn(
             served.engine(),
             TurnRequest(
                 messages=messages_of(body),
@@ -472,6 +478,7 @@ def routes(served: Served) -> APIRouter:
                 temperature=body.temperature,
                 top_p=body.top_p,
                 prompt_field="input",
+                field_names={"max_tokens": "max_output_tokens"},
             ),
             owner_label(request),
         )

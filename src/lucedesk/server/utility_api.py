@@ -36,7 +36,7 @@ def routes(served: Served) -> APIRouter:
     router = APIRouter()
 
     @router.post("/tokenize")
-    async def tokenize(body: TokenizeRequest) -> dict:
+    def tokenize(body: TokenizeRequest) -> dict:
         tokenizer = served.engine().tokenizer
         ids = tokenizer.encode(body.content, add_special_tokens=body.add_special)
         if not body.with_pieces:
@@ -48,7 +48,7 @@ def routes(served: Served) -> APIRouter:
         }
 
     @router.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest) -> dict:
+    def detokenize(body: DetokenizeRequest) -> dict:
         tokenizer = served.engine().tokenizer
         bad = next((t for t in body.tokens if not 0 <= t < tokenizer.vocab_size), None)
         if bad is not None:
@@ -56,7 +56,7 @@ def routes(served: Served) -> APIRouter:
         return {"content": tokenizer.decode(body.tokens, skip_special_tokens=False)}
 
     @router.post("/apply-template")
-    async def apply_template(body: TemplateRequest) -> TemplateReply:
+    def apply_template(body: TemplateRequest) -> TemplateReply:
         eng = served.engine()
         prompt = eng.encode_chat(
             wire.messages_of(body),

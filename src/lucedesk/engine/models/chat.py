@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
 from typing import TYPE_CHECKING
@@ -48,6 +48,9 @@ class ChatPrompt:
     tool_names: frozenset[str] = frozenset()
     reasoning: str | None = None
     in_reasoning: bool = False
+    # Whole schemas the grammar holds only part of (json_schema.py), checked after the
+    # reply: a tool's by its name, the answer's under None.
+    strict: dict[str | None, object] = field(default_factory=dict)
 
     def parser(self) -> ReplyParser | None:
         """A fresh parser for the reply's reasoning and tool calls, or None when the reply
@@ -100,7 +103,8 @@ def render_chat(
         if not isinstance(message.get("content"), str):
             raise RequestError(f"messages[{i}].content must be text", f"messages[{i}].content")
     template = _compile(tokenizer.chat_template or CHATML_TEMPLATE)
-    try:
+
+    def render(messages: list[dict]) -> str:
         return template.render(
             messages=messages,
             add_generation_prompt=add_generation_prompt,
@@ -110,8 +114,28 @@ def render_chat(
             documents=None,
             **(template_vars or {}),
         )
+
+    try:
+        return render(messages)
     except jinja2.exceptions.TemplateError as exc:
+        merged = merge_system(messages)
+        if merged != messages:  # a template that takes one system message, and only first
+            try:
+                return render(merged)
+            except jinja2.exceptions.TemplateError:
+                pass
         raise RequestError(f"the model's chat template refused these messages: {exc}") from None
+
+
+def merge_system(messages: list[dict]) -> list[dict]:
+    """`messages` with every system message joined into one at the start (blank-line
+    separated, in order): agents send instructions mid-conversation that templates written
+    for one leading system message refuse."""
+    system = [m["content"] for m in messages if m.get("role") == "system"]
+    rest = [m for m in messages if m.get("role") != "system"]
+    if not system:
+        return messages
+    return [{"role": "system", "content": "\n\n".join(system)}, *rest]
 
 
 def encode_chat(

@@ -48,6 +48,10 @@ _SPLITS = {
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token types
 
 
+# Texts this long are encoded without holding the GIL (~0.1 s of tokenizing and up).
+LONG_TEXT = 16_384
+
+
 @dataclass(slots=True)
 class Tokenizer:
     """Encodes, decodes and knows the model's special tokens and chat template."""
@@ -69,7 +73,12 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         try:
-            return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+            if len(text) < LONG_TEXT:
+                return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+            # The batch call lets go of the GIL (the single one holds it for seconds on a
+            # long prompt, stalling every other thread: the server's loop, the TUI).
+            batch = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
+            return batch([text], add_special_tokens=add_special_tokens)[0].ids
         except TypeError:  # a lone surrogate: text no encoding can write
             raise RequestError("the text is not valid Unicode (a lone surrogate)") from None
 
