@@ -255,6 +255,19 @@ def test_max_tokens_beyond_the_room_left_is_capped(small_server):
     assert message.stop_reason in ("end_turn", "max_tokens")
 
 
+@pytest.mark.parametrize("num_predict", [-1, -2])
+def test_ollama_num_predict_unlimited_and_fill_mean_the_room_left(small_server, num_predict):
+    url, _ = small_server
+    reply = ollama.Client(host=url).generate(
+        model="tiny",
+        prompt="hi",
+        raw=True,
+        options={"num_predict": num_predict, "ignore_eos": True},
+    )
+    assert reply.done_reason == "length"
+    assert reply.prompt_eval_count + reply.eval_count == 1024
+
+
 LONG = "lorem ipsum dolor sit amet " * 400  # far beyond 1024 tokens
 
 

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -256,8 +257,50 @@ async def test_grep_matches_a_regex_in_the_included_files(tree):
 
 
 async def test_grep_bad_regex_is_a_tool_error(tree):
-    with pytest.raises(ToolError, match="^pattern: not a valid regular expression"):
+    with pytest.raises(ToolError, match=r"^pattern: '\(unclosed' cannot be run \(missing \)"):
         await grep.TOOL.handler(context(tree), {"pattern": "(unclosed"})
+
+
+async def test_a_catastrophic_pattern_neither_freezes_nor_stalls_the_process(ws):
+    """`^(a+)+$` against a's and a `!` takes a backtracking engine 2^n steps, holding the
+    GIL: every thread of the process (engine, server, TUI) would stop with it."""
+    (ws / "evil.txt").write_text("a" * 40 + "!\n")
+    ticks: list[float] = []
+    stop = threading.Event()
+
+    def tick():
+        while not stop.is_set():
+            ticks.append(time.monotonic())
+            time.sleep(0.01)
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    start = time.monotonic()
+    try:
+        text = await grep.TOOL.handler(context(ws), {"pattern": "^(a+)+$", "path": "evil.txt"})
+    finally:
+        stop.set()
+        ticker.join()
+    assert text == "no lines match '^(a+)+$'"
+    assert time.monotonic() - start < 2
+    ticks.append(time.monotonic())
+    assert max(b - a for a, b in zip(ticks, ticks[1:])) < 0.5  # the other thread ran on
+    with pytest.raises(ToolError, match=r"^pattern: '\(a\).*' cannot be run .*backreferences"):
+        await grep.TOOL.handler(context(ws), {"pattern": r"(a)\1"})
+
+
+async def test_long_paths_and_absolute_includes_are_errors_naming_the_argument(ws):
+    ctx = context(ws)
+    for tool, args, field in [
+        (read_file, {"path": "x" * 300}, "path"),
+        (write_file, {"path": "a/" * 2100 + "f", "content": "x"}, "path"),
+        (grep, {"pattern": "x", "path": "y" * 256}, "path"),
+        (list_dir, {"path": "z" * 1000}, "path"),
+        (grep, {"pattern": "root", "include": "/etc/*"}, "include"),
+        (grep, {"pattern": "root", "include": "../*"}, "include"),
+    ]:
+        with pytest.raises(ToolError, match=f"^{field}: "):
+            await tool.TOOL.handler(ctx, args)
 
 
 async def test_grep_stops_at_its_match_cap(ws):
@@ -470,6 +513,10 @@ async def test_writes_inside_git_are_refused_even_when_edits_are_allowed(ws):
     with pytest.raises(ToolError, match=r"^path: \.git/hooks/pre-commit is inside \.git"):
         await write_file.TOOL.handler(ctx, {"path": ".git/hooks/pre-commit", "content": "x"})
     assert not (ws / ".git" / "hooks" / "pre-commit").exists()
+    for spelled in (".GIT/config", "sub/.Git/hooks/post-checkout"):
+        with pytest.raises(ToolError, match="is inside .git"):
+            await write_file.TOOL.handler(ctx, {"path": spelled, "content": "x"})
+        assert not (ws / spelled).exists()
 
 
 async def test_an_edit_that_waited_while_another_landed_does_not_undo_it(ws):

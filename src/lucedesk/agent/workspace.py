@@ -8,6 +8,9 @@ from pathlib import Path
 
 from lucedesk.agent.tools.base import ToolError
 
+# What file systems hold (Linux's PATH_MAX and NAME_MAX): longer is an error naming the field.
+MAX_PATH_BYTES = 4096
+MAX_NAME_BYTES = 255
 # Folders no search walks into.
 SKIPPED = frozenset({".git", "__pycache__", "node_modules", ".venv"})
 
@@ -25,6 +28,10 @@ class Workspace:
             raise ToolError(f"{field}: give a path inside the workspace")
         if "\x00" in path:
             raise ToolError(f"{field}: a path cannot hold a NUL byte")
+        if len(path.encode(errors="replace")) > MAX_PATH_BYTES:
+            raise ToolError(f"{field}: the path is longer than {MAX_PATH_BYTES} bytes")
+        if any(len(part.encode(errors="replace")) > MAX_NAME_BYTES for part in Path(path).parts):
+            raise ToolError(f"{field}: a name in the path is longer than {MAX_NAME_BYTES} bytes")
         try:
             # follows every symlink that exists along the way
             real = (self.root / Path(path).expanduser()).resolve()

@@ -39,7 +39,9 @@ async def apply_change(ctx: ToolContext, tool: str, real: Path, before: str, aft
     diff = unified_diff(shown, before, after)
     if not diff:
         return f"{shown}: unchanged (the new content is the same)"
-    if ".git" in Path(shown).parts:  # hooks and config there run commands
+    # Hooks and config there run commands; case-folded, as case-insensitive file systems
+    # (macOS, Windows) find .git under .GIT.
+    if any(part.casefold() == ".git" for part in Path(shown).parts):
         raise ToolError(f"path: {shown} is inside .git; lucedesk does not write there")
     verb = "edit" if real.exists() else "create"
     request = ApprovalRequest("edit", ctx.session.title, tool, f"{verb} {shown}", diff)
