@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 import time
+import tracemalloc
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -177,6 +178,29 @@ async def test_read_file_cuts_very_long_lines(ws):
     text = await read_file.TOOL.handler(context(ws), {"path": "wide.txt"})
     assert text.splitlines()[1] == "x" * 1000 + " [line cut]"
     assert text.splitlines()[2] == "short"
+
+
+async def test_a_huge_sparse_file_is_read_in_bounded_memory(ws):
+    text = "".join(f"line {i}\n" for i in range(1, 2001))
+    with open(ws / "sparse.log", "wb") as f:
+        f.write(text.encode())
+        f.truncate(2 << 30)  # then 2 GiB of zeros, one line with no end
+    tracemalloc.start()
+    try:
+        first = await read_file.TOOL.handler(context(ws), {"path": "sparse.log"})
+        last = await read_file.TOOL.handler(
+            context(ws), {"path": "sparse.log", "offset": 2000, "limit": 5}
+        )
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert first.splitlines()[1] == "line 1" and first.splitlines()[-1] == "line 400"
+    lines = last.splitlines()
+    assert lines[1] == "line 2000" and lines[2].endswith(" [line cut]")
+    assert lines[0] == "sparse.log: lines 2000-2001 (more follow; read on with offset=2002)"
+    assert peak < 100 << 20, peak
+    with pytest.raises(ToolError, match="^offset: line 2002 lies past a line of over 64 MiB"):
+        await read_file.TOOL.handler(context(ws), {"path": "sparse.log", "offset": 2002})
 
 
 async def test_read_file_refuses_binary_files_and_folders(ws):
@@ -363,6 +387,23 @@ async def test_edit_file_replaces_one_exact_string_after_approval(ws):
     assert (ws / "code.py").read_text() == "x = 1\ny = 3\n"
     assert "-y = 2\n+y = 3\n" in ask.requests[0].detail
     assert ask.requests[0].tool == "edit_file"
+
+
+async def test_an_edit_leaves_bytes_that_are_not_utf8_as_they_were(ws):
+    (ws / "latin1.txt").write_bytes(b"caf\xe9 au lait\nline two\n\xff\xfe end\n")
+    recorder = Recorder(True)
+    ctx = context(ws, Approvals(ask=recorder))
+    done = await edit_file.TOOL.handler(
+        ctx, {"path": "latin1.txt", "old_string": "line two", "new_string": "line 2"}
+    )
+    assert done == "latin1.txt: edited (+1 -1 lines)"
+    assert (ws / "latin1.txt").read_bytes() == b"caf\xe9 au lait\nline 2\n\xff\xfe end\n"
+    diff = recorder.requests[0].detail
+    assert "-line two\n+line 2\n" in diff and "\udce9" not in diff
+    with pytest.raises(ToolError, match="^new_string: holds a lone surrogate"):
+        await edit_file.TOOL.handler(
+            ctx, {"path": "latin1.txt", "old_string": "line 2", "new_string": "\ud800"}
+        )
 
 
 async def test_edit_file_declined_leaves_the_file(ws):

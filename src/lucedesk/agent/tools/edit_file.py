@@ -17,6 +17,9 @@ async def edit_file(ctx: ToolContext, args: dict) -> str:
         raise ToolError("old_string: give the exact text to replace")
     if old == new:
         raise ToolError("new_string: it is the same as old_string")
+    for field, text in (("old_string", old), ("new_string", new)):
+        if any("\ud800" <= c <= "\udfff" for c in text):
+            raise ToolError(f"{field}: holds a lone surrogate, which is no text a file holds")
     before = await asyncio.to_thread(current_text, real)
     count = before.count(old)
     if count == 0:

@@ -19,7 +19,9 @@ def unified_diff(shown: str, before: str, after: str) -> str:
         fromfile=f"a/{shown}",
         tofile=f"b/{shown}",
     )
-    return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+    text = "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+    # Bytes that are not UTF-8 (kept as escapes, see current_text) are shown as U+FFFD.
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def current_text(real: Path, field: str = "path") -> str:
@@ -30,7 +32,9 @@ def current_text(real: Path, field: str = "path") -> str:
     data = real.read_bytes()
     if b"\x00" in data[:8192]:
         raise ToolError(f"{field}: {real.name} is a binary file")
-    return data.decode("utf-8", errors="replace")
+    # Bytes that are not UTF-8 (a Latin-1 file, a stray byte) ride along as surrogate
+    # escapes and are written back as they were: an edit changes only what it replaces.
+    return data.decode("utf-8", errors="surrogateescape")
 
 
 async def apply_change(ctx: ToolContext, tool: str, real: Path, before: str, after: str) -> str:
@@ -61,7 +65,7 @@ def write_if_unchanged(real: Path, before: str, after: str) -> bool:
     if current_text(real) != before:
         return False
     real.parent.mkdir(parents=True, exist_ok=True)
-    real.write_text(after, encoding="utf-8")
+    real.write_bytes(after.encode("utf-8", "surrogateescape"))
     return True
 
 
@@ -70,6 +74,8 @@ async def write_file(ctx: ToolContext, args: dict) -> str:
     content = args["content"]
     if len(content) > MAX_WRITE_CHARS:
         raise ToolError(f"content: at most {MAX_WRITE_CHARS} characters")
+    if any("\ud800" <= c <= "\udfff" for c in content):
+        raise ToolError("content: holds a lone surrogate, which is no text a file can hold")
     before = await asyncio.to_thread(current_text, real)
     return await apply_change(ctx, "write_file", real, before, content)
 
