@@ -519,7 +519,8 @@ def test_anthropic_server_tools_are_left_out(server):
         ],
         tool_choice={"type": "any"},
     )
-    assert [b.name for b in message.content if b.type == "tool_use"] == ["lookup"]
+    calls = [b.name for b in message.content if b.type == "tool_use"]
+    assert calls and set(calls) == {"lookup"}
 
 
 def test_image_parts_are_refused_by_name(server):

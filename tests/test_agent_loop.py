@@ -515,12 +515,16 @@ async def test_a_crash_mid_tool_leaves_it_interrupted(make, tmp_path):
         raw.close()
     assert tool_status == [("streaming",)] and session_status == ("running",)
 
-    # The store opened again as if the first process had died.
-    after_crash = Store(tmp_path / "sessions.db")
+    # Opened beside the live process, the store leaves its work running...
+    beside = Store(tmp_path / "sessions.db")
     try:
-        stored = after_crash.session(session.id)
+        assert beside.session(session.id).status == "running"
+        # ...and interrupts it once that process is gone (the OS drops its lock).
+        h.store.owner.release()
+        beside.interrupt_orphans()
+        stored = beside.session(session.id)
     finally:
-        after_crash.close()
+        beside.close()
     assert stored.status == "interrupted"
     assert [m["status"] for m in stored.messages] == ["done", "done", "interrupted"]
 

@@ -108,6 +108,56 @@ async def test_new_files_outside_the_workspace_are_not_created(ws, tmp_path):
     assert not (tmp_path / "outside" / "new.txt").exists()
 
 
+async def test_a_folder_swapped_for_a_link_mid_write_lets_nothing_out(ws, tmp_path):
+    """A racing process flips `sub` between a folder and a link to a folder outside while
+    200 writes go into it: none lands outside."""
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    ctx = context(ws, Approvals(allow_edits=True))
+    stop = threading.Event()
+
+    def flip():
+        sub, aside = ws / "sub", ws / "aside"
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                sub.rename(aside)  # the real folder steps aside, a link takes its name
+                sub.symlink_to(outside, target_is_directory=True)
+                time.sleep(0.0002)
+                sub.unlink()
+                aside.rename(sub)
+
+    (ws / "sub").mkdir()
+    flipper = threading.Thread(target=flip)
+    flipper.start()
+    written = refused = 0
+    try:
+        for i in range(200):
+            try:
+                await write_file.TOOL.handler(ctx, {"path": f"sub/f{i}.txt", "content": "x"})
+                written += 1
+            except ToolError:
+                refused += 1
+    finally:
+        stop.set()
+        flipper.join()
+    assert list(outside.iterdir()) == []
+    assert written + refused == 200 and written > 0
+
+
+async def test_a_hard_link_to_a_file_outside_is_not_written_through(ws, tmp_path):
+    secret = tmp_path / "kept.txt"
+    secret.write_text("keep me\n")
+    os.link(secret, ws / "linked.txt")
+    ctx = context(ws, Approvals(allow_edits=True))
+    for tool, args in [
+        (write_file, {"path": "linked.txt", "content": "changed"}),
+        (edit_file, {"path": "linked.txt", "old_string": "keep", "new_string": "lose"}),
+    ]:
+        with pytest.raises(ToolError, match="has other hard links"):
+            await tool.TOOL.handler(ctx, args)
+    assert secret.read_text() == "keep me\n"
+
+
 async def test_a_glob_pattern_cannot_climb_out(ws):
     with pytest.raises(ToolError, match="^pattern: "):
         await glob.TOOL.handler(context(ws), {"pattern": "../outside/*"})

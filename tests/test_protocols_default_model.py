@@ -115,7 +115,8 @@ def test_anthropic_count_tokens_and_errors(claude, serve):
     made = claude.messages.create(
         model="default", max_tokens=1, messages=[{"role": "user", "content": "Hello there"}]
     )
-    assert counted.input_tokens == made.usage.input_tokens > 0
+    usage = made.usage  # the prompt: what was computed and what the prefix cache held
+    assert counted.input_tokens == usage.input_tokens + usage.cache_read_input_tokens > 0
     with pytest.raises(anthropic.BadRequestError) as err:
         claude.messages.create(
             model="default",

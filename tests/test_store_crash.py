@@ -22,6 +22,7 @@ WRITER = textwrap.dedent(
 
     store = Store(Path(sys.argv[1]))
     session = store.create_session("crash")
+    store.set_status(session, "running")
     for i in range(3):
         store.add_message(session, "user", f"question {i}")
         reply = store.begin_reply(session)
@@ -78,6 +79,28 @@ def test_kill_9_mid_reply_keeps_every_written_message(tmp_path):
     # The interrupted reply is not sent to the model as if it were being written.
     assert session.chat_messages()[-1] == {"role": "assistant", "content": content}
     store.close()
+
+
+def test_a_store_opened_beside_a_live_process_leaves_its_work_running(tmp_path):
+    """A TUI and a headless agent share the store: opening it marks only the work of a
+    process that is gone."""
+    path = tmp_path / "s.db"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    for line in proc.stdout:
+        if int(line) >= 3:  # its reply is being written
+            break
+    beside = Store(path)
+    [session] = beside.sessions()
+    assert session.status == "running" and session.messages[-1]["status"] == "streaming"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    beside.interrupt_orphans()  # the writer is gone now
+    [session] = beside.sessions()
+    assert session.status == "interrupted" and session.messages[-1]["status"] == "interrupted"
+    beside.close()
+    assert list((tmp_path / "s.db.owners").iterdir()) == []  # no lock file left behind
 
 
 def test_a_transaction_lands_whole_or_not_at_all(tmp_path):

@@ -2,7 +2,9 @@
 message when sent, a reply when it starts and again as it grows (at most once a second) and
 when it ends, a tool call when it starts and its result when it ends. A crash (even
 `kill -9`) loses at most the last second of a reply; the store opened again marks a reply or
-tool call that was still running as interrupted, and a session that was running too.
+tool call that was still running as interrupted, and a session that was running too, when
+the process that ran them is gone (a TUI and a headless agent share one store: neither
+marks the other's work).
 
 Chat panes, agent sessions and their children (subagents: `kind` 'subagent' with a
 `parent_id`) are all sessions here. A message's `meta` holds what the model's neutral message
@@ -21,6 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lucedesk.owner import Owner
+
 log = logging.getLogger(__name__)
 
 SCHEMA = """
@@ -36,7 +40,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     backend_url TEXT NOT NULL DEFAULT '',
     status TEXT NOT NULL DEFAULT 'idle',  -- idle | running | done | cancelled | error | ...
     agent_type TEXT NOT NULL DEFAULT 'chat',  -- chat (no tools) | explore | general
-    workspace TEXT NOT NULL DEFAULT ''
+    workspace TEXT NOT NULL DEFAULT '',
+    owner TEXT NOT NULL DEFAULT ''  -- the Owner token of the process running it
 );
 CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -45,7 +50,8 @@ CREATE TABLE IF NOT EXISTS messages (
     content TEXT NOT NULL,
     created REAL NOT NULL,
     status TEXT NOT NULL DEFAULT 'done',  -- done | streaming | interrupted
-    meta TEXT NOT NULL DEFAULT '{}'
+    meta TEXT NOT NULL DEFAULT '{}',
+    owner TEXT NOT NULL DEFAULT ''  -- the Owner token of the process writing it
 );
 """
 
@@ -111,9 +117,30 @@ class Store:
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(SCHEMA)
         self._add_missing_columns()
-        # Replies, tool calls and sessions still running belong to a process that is gone.
-        self._db.execute("UPDATE messages SET status = 'interrupted' WHERE status = 'streaming'")
-        self._db.execute("UPDATE sessions SET status = 'interrupted' WHERE status = 'running'")
+        self.owner = Owner(path.parent / f"{path.name}.owners")
+        self.interrupt_orphans()
+
+    def interrupt_orphans(self) -> None:
+        """Replies, tool calls and sessions still running whose process is gone are
+        interrupted; another live process's are left running."""
+        with self._lock:
+            owners = self._db.execute(
+                "SELECT owner FROM sessions WHERE status = 'running' UNION "
+                "SELECT owner FROM messages WHERE status = 'streaming'"
+            ).fetchall()
+            for (owner,) in owners:
+                if self.owner.alive(owner):
+                    continue
+                self._db.execute(
+                    "UPDATE messages SET status = 'interrupted' "
+                    "WHERE status = 'streaming' AND owner = ?",
+                    (owner,),
+                )
+                self._db.execute(
+                    "UPDATE sessions SET status = 'interrupted' "
+                    "WHERE status = 'running' AND owner = ?",
+                    (owner,),
+                )
 
     def _add_missing_columns(self) -> None:
         """A store written by an older lucedesk gains the columns added since."""
@@ -121,11 +148,13 @@ class Store:
             "messages": {
                 "status": "TEXT NOT NULL DEFAULT 'done'",
                 "meta": "TEXT NOT NULL DEFAULT '{}'",
+                "owner": "TEXT NOT NULL DEFAULT ''",
             },
             "sessions": {
                 "status": "TEXT NOT NULL DEFAULT 'idle'",
                 "agent_type": "TEXT NOT NULL DEFAULT 'chat'",
                 "workspace": "TEXT NOT NULL DEFAULT ''",
+                "owner": "TEXT NOT NULL DEFAULT ''",
             },
         }
         for table, columns in added.items():
@@ -150,6 +179,7 @@ class Store:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+            self.owner.release()
 
     def create_session(
         self,
@@ -215,7 +245,10 @@ class Store:
     def set_status(self, session: Session, status: str) -> None:
         session.status = status
         with self._lock:
-            self._db.execute("UPDATE sessions SET status=? WHERE id=?", (status, session.id))
+            self._db.execute(
+                "UPDATE sessions SET status=?, owner=? WHERE id=?",
+                (status, self.owner.token, session.id),
+            )
 
     def add_message(
         self,
@@ -228,9 +261,17 @@ class Store:
         meta = meta or {}
         with self._lock:
             cur = self._db.execute(
-                "INSERT INTO messages (session_id, role, content, created, status, meta) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (session.id, role, content, time.time(), status, json.dumps(meta)),
+                "INSERT INTO messages (session_id, role, content, created, status, meta, owner) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    session.id,
+                    role,
+                    content,
+                    time.time(),
+                    status,
+                    json.dumps(meta),
+                    self.owner.token,
+                ),
             )
         message = {
             "role": role,

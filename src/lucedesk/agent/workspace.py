@@ -1,10 +1,16 @@
 """The folder an agent session works in. Every path a tool touches goes through
-`Workspace.resolve`, which follows symlinks and refuses anything that lands outside."""
+`Workspace.resolve`, which follows symlinks and refuses anything that lands outside; files
+are then opened from a descriptor of the root one folder at a time, following no link
+(`open_parent`), so a folder swapped for a link after the check (while a write waits for its
+approval, or by a racing process) is an error, never a way out."""
 
 from __future__ import annotations
 
 import difflib
+import os
+import stat
 from pathlib import Path
+from typing import BinaryIO
 
 from lucedesk.agent.tools.base import ToolError
 
@@ -40,6 +46,73 @@ class Workspace:
         if not real.is_relative_to(self.root):
             raise ToolError(f"{field}: {path} is outside the workspace ({self.root})")
         return real
+
+    def open_parent(self, real: Path, field: str = "path", create: bool = False):
+        """(a descriptor of the folder holding `real`, its name there): `real` resolved
+        inside the root, opened from the root folder by folder with O_NOFOLLOW. `create`
+        makes missing folders; without it a missing folder is FileNotFoundError. The caller
+        closes the descriptor."""
+        parts = real.relative_to(self.root).parts
+        if not parts:
+            raise ToolError(f"{field}: the workspace itself is a folder")
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for part in parts[:-1]:
+                if create:
+                    try:
+                        os.mkdir(part, dir_fd=fd)
+                    except FileExistsError:
+                        pass
+                inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                os.close(fd)
+                fd = inner
+        except FileNotFoundError:
+            os.close(fd)
+            if create:  # made a moment ago, gone now: someone else is at work in there
+                raise ToolError(f"{field}: {self.show(real)} changed while in use") from None
+            raise
+        except OSError as exc:
+            os.close(fd)
+            raise ToolError(
+                f"{field}: {self.show(real)} changed while in use ({exc.strerror}): a folder "
+                "on its way is no longer the folder it was"
+            ) from None
+        return fd, parts[-1]
+
+    def open_read(self, real: Path, field: str = "path") -> BinaryIO | None:
+        """The regular file `real` opened for reading through `open_parent` (never through
+        a link), None when it does not exist."""
+        try:
+            dir_fd, name = self.open_parent(real, field)
+        except FileNotFoundError:
+            return None
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise ToolError(f"{field}: {self.show(real)}: {exc.strerror}") from None
+        finally:
+            os.close(dir_fd)
+        f = os.fdopen(fd, "rb")
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or a device: would block
+            f.close()
+            raise ToolError(f"{field}: {self.show(real)} is not a regular file")
+        return f
+
+    def read_for_write(self, real: Path, field: str = "path") -> bytes | None:
+        """The bytes of `real` before a write (None: it does not exist yet); a file with
+        other hard links (a name that may lie outside) is refused."""
+        f = self.open_read(real, field)
+        if f is None:
+            return None
+        with f:
+            if os.fstat(f.fileno()).st_nlink > 1:
+                raise ToolError(
+                    f"{field}: {self.show(real)} has other hard links (names that may lie "
+                    "outside the workspace); lucedesk does not write to it"
+                )
+            return f.read()
 
     def missing(self, path: str, field: str = "path") -> ToolError:
         """The error for a path that does not exist, naming the closest paths that do."""

@@ -20,7 +20,7 @@ async def edit_file(ctx: ToolContext, args: dict) -> str:
     for field, text in (("old_string", old), ("new_string", new)):
         if any("\ud800" <= c <= "\udfff" for c in text):
             raise ToolError(f"{field}: holds a lone surrogate, which is no text a file holds")
-    before = await asyncio.to_thread(current_text, real)
+    before = await asyncio.to_thread(current_text, ctx.workspace, real)
     count = before.count(old)
     if count == 0:
         raise ToolError(f"old_string: not found in {args['path']} (it must match exactly)")

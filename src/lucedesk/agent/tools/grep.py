@@ -36,7 +36,14 @@ def search(ctx: ToolContext, pattern: str, path: str, include: str | None, ignor
             continue
         if real.stat().st_size > MAX_FILE_BYTES:
             continue
-        data = real.read_bytes()
+        try:
+            opened = ctx.workspace.open_read(real)
+        except ToolError:  # swapped for a link since the walk, or not a regular file
+            continue
+        if opened is None:
+            continue
+        with opened:
+            data = opened.read(MAX_FILE_BYTES)
         if b"\x00" in data[:8192]:
             continue  # binary
         shown = ctx.workspace.show(f.absolute())

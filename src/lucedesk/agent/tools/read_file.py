@@ -39,11 +39,12 @@ def read_lines(ctx: ToolContext, path: str, offset: int, limit: int) -> str:
         raise ctx.workspace.missing(path)
     if real.is_dir():
         raise ToolError(f"path: {path} is a folder; use list_dir")
-    if not real.is_file():  # a FIFO or a device would block or never end
-        raise ToolError(f"path: {path} is not a regular file")
+    f = ctx.workspace.open_read(real)  # a FIFO or a device (would block) is refused
+    if f is None:
+        raise ctx.workspace.missing(path)
     lines: list[str] = []
     total = 0
-    with real.open("rb") as f:
+    with f:
         head = f.read(8192)
         if b"\x00" in head:
             raise ToolError(f"path: {path} is a binary file")

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import difflib
+import os
+import secrets
+import stat
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lucedesk.agent.approvals import ApprovalRequest
 from lucedesk.agent.tools.base import ToolContext, ToolError, ToolSpec, schema
+
+if TYPE_CHECKING:
+    from lucedesk.agent.workspace import Workspace
 
 MAX_WRITE_CHARS = 1_000_000
 
@@ -24,12 +32,12 @@ def unified_diff(shown: str, before: str, after: str) -> str:
     return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
-def current_text(real: Path, field: str = "path") -> str:
+def current_text(ws: Workspace, real: Path, field: str = "path") -> str:
     if real.is_dir():
         raise ToolError(f"{field}: {real.name} is a folder")
-    if not real.exists():
+    data = ws.read_for_write(real, field)
+    if data is None:
         return ""
-    data = real.read_bytes()
     if b"\x00" in data[:8192]:
         raise ToolError(f"{field}: {real.name} is a binary file")
     # Bytes that are not UTF-8 (a Latin-1 file, a stray byte) ride along as surrogate
@@ -51,7 +59,7 @@ async def apply_change(ctx: ToolContext, tool: str, real: Path, before: str, aft
     request = ApprovalRequest("edit", ctx.session.title, tool, f"{verb} {shown}", diff)
     if not await ctx.approvals.approve(request):
         raise ToolError(f"the user declined to {verb} {shown}")
-    if not await asyncio.to_thread(write_if_unchanged, real, before, after):
+    if not await asyncio.to_thread(write_if_unchanged, ctx.workspace, real, before, after):
         # another edit landed while this one waited for its approval: writing now would undo it
         raise ToolError(f"{shown} changed while this change waited for approval; read it again")
     added = sum(1 for line in diff.splitlines() if line.startswith("+") and line[:3] != "+++")
@@ -60,12 +68,30 @@ async def apply_change(ctx: ToolContext, tool: str, real: Path, before: str, aft
     return f"{shown}: {done} (+{added} -{removed} lines)"
 
 
-def write_if_unchanged(real: Path, before: str, after: str) -> bool:
-    """Writes `after` unless the file no longer holds `before`; False when it changed."""
-    if current_text(real) != before:
+def write_if_unchanged(ws: Workspace, real: Path, before: str, after: str) -> bool:
+    """Writes `after` unless the file no longer holds `before`; False when it changed. The
+    new content goes to a fresh file in the same folder descriptor, renamed over the old
+    one: nothing is written through a link or a second hard link."""
+    if current_text(ws, real) != before:
         return False
-    real.parent.mkdir(parents=True, exist_ok=True)
-    real.write_bytes(after.encode("utf-8", "surrogateescape"))
+    dir_fd, name = ws.open_parent(real, create=True)
+    try:
+        mode = 0o644
+        with contextlib.suppress(FileNotFoundError):
+            mode = stat.S_IMODE(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+        fresh = f".{name}.{secrets.token_hex(4)}.lucedesk"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        fd = os.open(fresh, flags, mode, dir_fd=dir_fd)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(after.encode("utf-8", "surrogateescape"))
+            os.replace(fresh, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(fresh, dir_fd=dir_fd)
+            raise
+    finally:
+        os.close(dir_fd)
     return True
 
 
@@ -76,7 +102,7 @@ async def write_file(ctx: ToolContext, args: dict) -> str:
         raise ToolError(f"content: at most {MAX_WRITE_CHARS} characters")
     if any("\ud800" <= c <= "\udfff" for c in content):
         raise ToolError("content: holds a lone surrogate, which is no text a file can hold")
-    before = await asyncio.to_thread(current_text, real)
+    before = await asyncio.to_thread(current_text, ctx.workspace, real)
     return await apply_change(ctx, "write_file", real, before, content)
 
 
