@@ -4,6 +4,8 @@ a KV pool small enough to force preemption and recomputation."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -57,6 +59,32 @@ def test_seeded_sampling_batched_equals_alone_tiny(tiny_models, arch, kernels):
     loaded = load_model(tiny_models[arch], torch.float32)
     jobs = random_jobs(loaded, 14, 0, sampled=True)
     check_batched_equals_alone(loaded, jobs, kernels, **TIGHT)
+
+
+@pytest.mark.parametrize("prefix_cache", [True, False])
+@pytest.mark.parametrize("prompt_lookup", [True, False])
+def test_seeded_sampling_batched_equals_alone_with_cache_and_drafts(
+    tiny_models, prefix_cache, prompt_lookup
+):
+    """Seeded draws with the prefix cache and prompt-lookup drafts each on and off, under
+    preemption (one grammar-free path each: the draws are keyed by position, not by step)."""
+    loaded = load_model(tiny_models["qwen2"], torch.float32)
+    # Prompts that repeat a six-token phrase and a cool temperature: drafts are offered and
+    # some are kept.
+    jobs = [
+        replace(
+            job,
+            prompt=(job.prompt[:6] * 100)[: len(job.prompt)],
+            params=replace(job.params, temperature=0.3),
+        )
+        for job in random_jobs(loaded, 14, 2, sampled=True)
+    ]
+    config = dict(TIGHT, prefix_cache=prefix_cache, prompt_lookup=prompt_lookup)
+    engine = check_batched_equals_alone(loaded, jobs, "cpu", **config)
+    scheduler = engine.scheduler
+    if prompt_lookup:
+        assert scheduler.num_draft_rows > 0 and scheduler.num_accepted_tokens > 0
+    assert (scheduler.num_prefix_hit_tokens > 0) == prefix_cache
 
 
 @pytest.mark.default_model
