@@ -56,6 +56,8 @@ os.environ.update(
     LUCEDESK_DATA_DIR=str(TEST_HOME / ".local" / "share" / "lucedesk"),
 )
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# litellm reads its model price list from its own package, not the network.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 # Without a GPU, Triton kernels run in its interpreter: set before any kernel is defined.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

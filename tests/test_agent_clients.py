@@ -7,7 +7,6 @@ long context serves them."""
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Literal
 import anthropic
 import httpx
 import jsonschema
+import litellm
 import ollama
 import openai
 import pydantic
@@ -28,8 +28,6 @@ from lucedesk.engine.models.loader import load_model
 from lucedesk.server import create_app, start_server
 from tests.conftest import write_tiny_model
 from tests.engine_harness import make_engine
-
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm reads no network
 
 CONTEXT = 65536
 CLAUDE_CODE = json.loads((Path(__file__).parent / "data" / "claude_code_request.json").read_text())
@@ -300,7 +298,6 @@ def test_a_prompt_that_does_not_fit_is_refused_in_each_protocols_words(small_ser
 
 
 def test_litellm_sees_a_context_window_error(small_server):
-    litellm = pytest.importorskip("litellm")
     url, _ = small_server
     for model, base in (("openai/tiny", url + "/v1"), ("anthropic/tiny", url)):
         with pytest.raises(litellm.ContextWindowExceededError):
@@ -315,7 +312,6 @@ def test_litellm_sees_a_context_window_error(small_server):
 
 
 def test_litellm_ollama_chat_and_anthropic_round_trip(small_server):
-    litellm = pytest.importorskip("litellm")
     url, _ = small_server
     for model, base in (("ollama_chat/tiny", url), ("anthropic/tiny", url)):
         reply = litellm.completion(
