@@ -125,6 +125,7 @@ async def test_a_folder_swapped_for_a_link_mid_write_lets_nothing_out(ws, tmp_pa
                 time.sleep(0.0002)
                 sub.unlink()
                 aside.rename(sub)
+                time.sleep(0.0002)
 
     (ws / "sub").mkdir()
     flipper = threading.Thread(target=flip)
@@ -141,7 +142,11 @@ async def test_a_folder_swapped_for_a_link_mid_write_lets_nothing_out(ws, tmp_pa
         stop.set()
         flipper.join()
     assert list(outside.iterdir()) == []
-    assert written + refused == 200 and written > 0
+    assert written + refused == 200
+    # how many of the 200 met the link depends on the machine's timing; once the flipping
+    # stops, the same write lands where it should
+    await write_file.TOOL.handler(ctx, {"path": "sub/after.txt", "content": "x"})
+    assert (ws / "sub" / "after.txt").read_text() == "x"
 
 
 async def test_a_hard_link_to_a_file_outside_is_not_written_through(ws, tmp_path):

@@ -90,6 +90,9 @@ def write_if_unchanged(ws: Workspace, real: Path, before: str, after: str) -> bo
             with contextlib.suppress(OSError):
                 os.unlink(fresh, dir_fd=dir_fd)
             raise
+    except FileNotFoundError:  # the folder was removed after it was opened
+        gone = f"path: {ws.show(real)} changed while in use (its folder is gone)"
+        raise ToolError(gone) from None
     finally:
         os.close(dir_fd)
     return True
