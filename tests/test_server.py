@@ -241,9 +241,12 @@ def test_owner_label_from_user_agent(server, client):
         stream=True,
         extra_body={"ignore_eos": True},
     )
-    next(iter(stream))
-    owners = [s["owner"] for s in httpx.get(running.url + "/slots").json()["slots"]]
-    assert any(o.startswith("http:OpenAI") for o in owners)
+    pieces = iter(stream)
+    for _ in range(8):
+        next(pieces)
+    slots = httpx.get(running.url + "/slots").json()["slots"]
+    mine = next(s for s in slots if s["owner"].startswith("http:OpenAI"))
+    assert mine["tokens_per_s"] > 0 and "spans" not in mine
     stream.close()
 
 

@@ -1,5 +1,6 @@
 """Crash safety of the session store: WAL as SQLite reports it, a `kill -9` in the middle of
-a reply loses nothing that was written, transactions land whole."""
+a reply loses nothing that was written, transactions land whole; replies set aside by a
+regenerate come back, deleting a session takes its subagents with it."""
 
 from __future__ import annotations
 
@@ -136,4 +137,49 @@ def test_an_old_store_gains_message_status(tmp_path):
     store = Store(path)
     [session] = store.sessions()
     assert session.messages[0]["status"] == "done" and session.messages[0]["content"] == "hi"
+    store.close()
+
+
+def test_a_reply_set_aside_comes_back_and_survives_a_reopen(tmp_path):
+    store = Store(tmp_path / "s.db")
+    session = store.create_session("regenerated")
+    store.add_message(session, "user", "question")
+    first = store.begin_reply(session)
+    store.update_reply(first, "first answer", "done", {"stopped": True})
+    store.set_aside_reply(session)  # Ctrl+R
+    assert [m["content"] for m in session.messages] == ["question"]
+    store.update_reply(store.begin_reply(session), "second answer", "done")
+    store.set_aside_reply(session)  # and again
+    store.update_reply(store.begin_reply(session), "third answer", "done")
+    assert [m["content"] for m in store.session(session.id).messages] == [
+        "question",
+        "third answer",
+    ]
+    assert store.undo_set_aside(session)
+    assert [m["content"] for m in session.messages] == ["question", "second answer"]
+    assert store.undo_set_aside(session)
+    assert [m["content"] for m in session.messages] == ["question", "first answer"]
+    assert session.messages[-1]["meta"] == {"stopped": True}
+    assert not store.undo_set_aside(session)  # nothing more set aside
+    store.close()
+    again = Store(tmp_path / "s.db")
+    assert [m["content"] for m in again.session(session.id).messages] == [
+        "question",
+        "first answer",
+    ]
+    again.close()
+
+
+def test_deleting_a_session_deletes_its_subagents_and_their_messages(tmp_path):
+    store = Store(tmp_path / "s.db")
+    parent = store.create_session("parent")
+    child = store.create_session("child", kind="subagent", parent_id=parent.id)
+    grandchild = store.create_session("grandchild", kind="subagent", parent_id=child.id)
+    other = store.create_session("other")
+    for s in (parent, child, grandchild, other):
+        store.add_message(s, "user", "hi")
+    store.delete_session(parent.id)
+    assert [s.id for s in store.sessions(None)] == [other.id]
+    with sqlite3.connect(tmp_path / "s.db") as db:
+        assert db.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 1
     store.close()

@@ -8,6 +8,7 @@ import time
 
 import httpx
 import pytest
+from textual.widgets import TextArea
 
 from lucedesk.agent import AgentSession, Approvals
 from lucedesk.agent import session as agent_session
@@ -15,6 +16,7 @@ from lucedesk.engine.runner import TorchSeqEngine
 from lucedesk.store import Store
 from lucedesk.tui.app import LucedeskApp
 from lucedesk.tui.engine_host import EngineHost
+from lucedesk.tui.screens.dialogs import SplitDialog
 from lucedesk.tui.screens.main import MainScreen
 from lucedesk.tui.widgets.chat_input import ChatInput
 from lucedesk.tui.widgets.chat_pane import ChatPane
@@ -110,6 +112,17 @@ async def started(pilot) -> MainScreen:
     return pilot.app.screen
 
 
+async def choose_profile(pilot, name: str) -> None:
+    """F8, then Enter on profile `name`: its confirmation dialog is up."""
+    await pilot.press("f8")
+    await pilot.pause()
+    table = pilot.app.screen.query_one("DataTable")
+    names = [table.get_row_at(i)[1] for i in range(table.row_count)]
+    table.move_cursor(row=names.index(name))
+    await pilot.press("enter")
+    await pilot.pause()
+
+
 async def type_and_send(pilot, pane: ChatPane, text: str) -> None:
     box = pane.query_one(ChatInput)
     box.focus()
@@ -184,10 +197,24 @@ async def test_fanout_splits_runs_children_at_once_then_synthesizes(env, monkeyp
         pane = screen.panes[0]
         await type_and_send(pilot, pane, "/max 40")
         await type_and_send(pilot, pane, "/fanout 3 list some ideas")
+        # The split is shown before anything runs; edited here (e, then Esc ends editing).
+        await wait_for(pilot, lambda: isinstance(app.screen, SplitDialog), 60)
+        dialog = app.screen
+        assert len(dialog.subtasks) == 3 and not app.store.sessions("subagent")
+        await pilot.press("e")
+        await pilot.pause()
+        dialog.query_one(TextArea).text = "## first\nfruit\n\n## second\ntools\n\n## third\nbirds"
+        await pilot.press("escape")
+        await pilot.pause()
+        assert [t["title"] for t in dialog.subtasks] == ["first", "second", "third"]
+        await pilot.press("enter")
         # the split (3 task calls), 3 results, the synthesis
         await wait_for(pilot, lambda: replied(pane, 6), 90)
         children = [s for s in app.store.sessions("subagent") if s.parent_id == pane.session.id]
-        assert len(children) == 3
+        assert sorted(c.title for c in children) == ["first", "second", "third"]
+        # the user's own line is shown; the model read the split prompt
+        assert pane.session.messages[0]["content"] == "/fanout 3 list some ideas"
+        assert "3 distinct" in pane.session.chat_messages()[0]["content"]
         assert decoded_together(*(app.agents.live[c.id].owner for c in children))
         split, *results, synthesis = pane.session.messages[1:]
         assert [c["name"] for c in split["meta"]["tool_calls"]] == ["task"] * 3
@@ -224,7 +251,7 @@ async def test_bad_input_gets_notices(env):
         severities = [sev for _, sev in app.notices]
         texts = " | ".join(t for t, _ in app.notices)
         assert "Type a message first" in texts and "Unknown command /nope" in texts
-        assert texts.count("between 1 and the engine's 2 slots") == 2
+        assert texts.count("N must be between 1 and 2: the engine has 2 slots") == 2
         assert "say what the subagents should do" in texts
         assert "/temp: expected a number, got 'hot'" in texts
         assert "/max: max tokens must be at least 1" in texts
@@ -303,13 +330,7 @@ async def test_profile_switch_rebuilds_engine_and_keeps_chats(env):
         await type_and_send(pilot, pane, "keep going")
         await wait_for(pilot, lambda: decoding(app) == 1)
         old_engine = app.host.engine
-        await pilot.press("f8")
-        await pilot.pause()
-        table = app.screen.query_one("DataTable")
-        names = [table.get_row_at(i)[1] for i in range(table.row_count)]
-        table.move_cursor(row=names.index("tiny"))
-        await pilot.press("enter")
-        await pilot.pause()
+        await choose_profile(pilot, "tiny")
         await pilot.click("Button#dismiss")  # first: back out of the dialog
         await pilot.pause()
         await pilot.press("enter")

@@ -7,7 +7,8 @@ import threading
 import pytest
 from textual.widgets import DataTable, Input, Label
 
-from lucedesk.engine.stats import SlotStats
+from lucedesk.engine.request import Request, SamplingParams
+from lucedesk.engine.stats import RATE_WINDOW_S, SlotStats, StatsCollector, window_rate
 from lucedesk.tui.engine_host import EngineHost
 from lucedesk.tui.screens.loading import LoadingScreen
 from lucedesk.tui.widgets.chat_input import ChatInput
@@ -41,6 +42,35 @@ def test_sixteen_slots_two_busy_show_three_rows():
         ("2", "http:b", "decode"),
         ("0, 3-15", "", "14 idle"),
     ]
+
+
+def test_rates_are_over_a_real_time_window_and_fall_to_zero():
+    """Known steps at known times: steady decode, one slow step, idle, one request alone."""
+    c = StatsCollector()
+    req = Request("r", [1, 2, 3], SamplingParams(max_tokens=1000))
+    t = 100.0
+    for _ in range(100):  # 10 ms steps of one token each for 1 s
+        c.on_token(req, t + 0.01)
+        c.on_step(t, t + 0.01, 1)
+        t += 0.01
+    assert window_rate(c.spans(), t) == pytest.approx(100.0)
+    mine = c.slot(0, req, t)
+    assert window_rate(mine.spans, t) == pytest.approx(100.0)  # alone: the engine's rate
+    # idle: the same tokens over a longer time, then nothing in the window at all
+    assert window_rate(c.spans(), t + 1.0) == pytest.approx(50.0)
+    assert window_rate(c.spans(), t + RATE_WINDOW_S + 0.01) == 0.0
+    assert window_rate(mine.spans, t + RATE_WINDOW_S + 0.01) == 0.0
+    # after the idle time, one slow step (0.25 s for one token) is 4 tok/s, not 4x that
+    t += 10.0
+    c.on_token(req, t + 0.25)
+    c.on_step(t, t + 0.25, 1)
+    assert window_rate(c.spans(), t + 0.25) == pytest.approx(4.0)
+    assert window_rate(c.slot(0, req, t + 0.25).spans, t + 0.25) == pytest.approx(4.0)
+    # a step that produced nothing (prefill) counts as time, not tokens
+    c.on_step(t + 0.25, t + 0.5, 0)
+    assert window_rate(c.spans(), t + 0.5) == pytest.approx(2.0)
+    # a snapshot read later than it was taken shows the rate as of the read
+    assert SlotStats(0, spans=((0.0, 0.01, 1),)).tokens_per_s == 0.0
 
 
 async def test_status_line_shows_slots_in_use_while_a_reply_runs(env):
@@ -112,3 +142,9 @@ async def test_keys_typed_while_loading_land_in_the_first_input(env, monkeypatch
         assert app.focused is box
         assert pane.session.messages == []  # kept, not sent
         assert app.pending_input == ""
+        # start-up showed its stages, each done with its time
+        stages = [line for line, _ in loading.stages]
+        assert stages[0].startswith("profile cpu") and stages[1].startswith("loading llama")
+        assert stages[-1].startswith("warming up")
+        shown = loading.stage_text()
+        assert "✓ profile cpu" in shown and "✓ loading" in shown and "… warming up" in shown

@@ -146,19 +146,9 @@ def bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def data_dir():
-    """Where sessions are kept (LUCEDESK_DATA_DIR, else the platform's data folder)."""
-    import os
-    from pathlib import Path
-
-    import platformdirs
-
-    return Path(os.environ.get("LUCEDESK_DATA_DIR") or platformdirs.user_data_dir("lucedesk"))
-
-
 def agent(args: argparse.Namespace) -> int:
     from lucedesk.agent.headless import backend_from_args, run_headless
-    from lucedesk.store import Store
+    from lucedesk.store import Store, data_dir
 
     store = Store(data_dir() / "sessions.db")
     backend, built = backend_from_args(args)
@@ -246,7 +236,7 @@ def serve(args: argparse.Namespace) -> int:
 def tui(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from lucedesk.store import Store
+    from lucedesk.store import Store, data_dir
     from lucedesk.tui.app import LucedeskApp
     from lucedesk.tui.engine_host import EngineHost
 

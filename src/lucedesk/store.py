@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -49,11 +50,32 @@ CREATE TABLE IF NOT EXISTS messages (
     role TEXT NOT NULL,
     content TEXT NOT NULL,
     created REAL NOT NULL,
-    status TEXT NOT NULL DEFAULT 'done',  -- done | streaming | interrupted
+    status TEXT NOT NULL DEFAULT 'done',  -- done | streaming | interrupted | aside<n>:<that>
     meta TEXT NOT NULL DEFAULT '{}',
     owner TEXT NOT NULL DEFAULT ''  -- the Owner token of the process writing it
 );
+CREATE TABLE IF NOT EXISTS settings (  -- the TUI's layout: open panes, what is shown
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
 """
+
+
+def data_dir() -> Path:
+    """Where sessions are kept (LUCEDESK_DATA_DIR, else the platform's data folder)."""
+    import platformdirs
+
+    return Path(os.environ.get("LUCEDESK_DATA_DIR") or platformdirs.user_data_dir("lucedesk"))
+
+
+def export_dir() -> Path:
+    """Where Markdown exports go: beside the sessions when LUCEDESK_DATA_DIR names a folder,
+    else the platform's documents folder."""
+    import platformdirs
+
+    if os.environ.get("LUCEDESK_DATA_DIR"):
+        return data_dir() / "exports"
+    return Path(platformdirs.user_documents_dir()) / "lucedesk"
 
 
 @dataclass
@@ -96,8 +118,8 @@ class Session:
                         "content": m["content"],
                     }
                 )
-            else:
-                out.append({"role": m["role"], "content": m["content"]})
+            else:  # a /fanout line: the model reads the prompt it stands for
+                out.append({"role": m["role"], "content": meta.get("prompt", m["content"])})
             if m["role"] == "assistant" and meta.get("reasoning"):  # the template decides
                 out[-1]["reasoning"] = meta["reasoning"]
         return out
@@ -312,9 +334,85 @@ class Store:
                 (session.id,),
             )
 
+    def set_aside_reply(self, session: Session) -> None:
+        """Ctrl+R: the messages after the last user message (a reply, its tool calls) leave
+        the conversation but stay stored, for undo_set_aside to bring back. Each time is
+        numbered (status `aside<n>:<status>`), so undo goes back one at a time."""
+        while session.messages and session.messages[-1]["role"] != "user":
+            session.messages.pop()
+        after = session.messages[-1]["id"] if session.messages else 0
+        with self._lock, self.transaction():
+            number = 1 + max((n for n, _ in self._set_aside(session.id, after).values()), default=0)
+            self._db.execute(
+                "UPDATE messages SET status = ? || status "
+                "WHERE session_id = ? AND id > ? AND status NOT LIKE 'aside%'",
+                (f"aside{number}:", session.id, after),
+            )
+
+    def undo_set_aside(self, session: Session) -> bool:
+        """The reply set aside last comes back in place of what replaced it; False when
+        none was set aside since the last user message."""
+        kept = list(session.messages)
+        while kept and kept[-1]["role"] != "user":
+            kept.pop()
+        after = kept[-1]["id"] if kept else 0
+        with self._lock, self.transaction():
+            aside = self._set_aside(session.id, after)
+            if not aside:
+                return False
+            last = max(n for n, _ in aside.values())
+            self._db.execute(
+                "DELETE FROM messages WHERE session_id = ? AND id > ? AND status NOT LIKE 'aside%'",
+                (session.id, after),
+            )
+            for row_id, (n, status) in aside.items():
+                if n == last:
+                    self._db.execute(
+                        "UPDATE messages SET status = ? WHERE id = ?", (status, row_id)
+                    )
+        session.messages = self._messages(session.id)
+        return True
+
+    def _set_aside(self, session_id: int, after: int) -> dict[int, tuple[int, str]]:
+        """Messages set aside after message `after`: id -> (which time, the status they had)."""
+        found = {}
+        for row_id, status in self._db.execute(
+            "SELECT id, status FROM messages WHERE session_id = ? AND id > ? "
+            "AND status LIKE 'aside%'",
+            (session_id, after),
+        ):
+            number, _, was = status.removeprefix("aside").partition(":")
+            found[row_id] = (int(number), was)
+        return found
+
     def delete_session(self, session_id: int) -> None:
+        """The session, its messages and its subagents' sessions, all of them."""
         with self._lock:
-            self._db.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+            ids, frontier = [session_id], [session_id]
+            while frontier:
+                marks = ",".join("?" * len(frontier))
+                frontier = [
+                    row[0]
+                    for row in self._db.execute(
+                        f"SELECT id FROM sessions WHERE parent_id IN ({marks})", frontier
+                    )
+                ]
+                ids += frontier
+            marks = ",".join("?" * len(ids))
+            self._db.execute(f"DELETE FROM sessions WHERE id IN ({marks})", ids)
+
+    def setting(self, key: str, default=None):
+        with self._lock:
+            row = self._db.execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else default
+
+    def set_setting(self, key: str, value) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO settings (key, value) VALUES (?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (key, json.dumps(value)),
+            )
 
     def sessions(self, kind: str | None = "chat") -> list[Session]:
         """Sessions of one kind (None: all, children too), oldest first, with messages."""
@@ -347,16 +445,70 @@ class Store:
             }
             for row_id, role, content, status, meta in self._db.execute(
                 "SELECT id, role, content, status, meta FROM messages WHERE session_id = ? "
-                "ORDER BY id",
+                "AND status NOT LIKE 'aside%' ORDER BY id",
                 (session_id,),
             )
         ]
 
 
 def export_markdown(session: Session) -> str:
+    """The conversation as Markdown: replies with their reasoning folded, every tool call
+    with its arguments and result."""
     lines = [f"# {session.title}", ""]
     if session.system_prompt:
         lines += [f"> system: {session.system_prompt}", ""]
     for m in session.messages:
-        lines += [f"## {m['role']}", "", m["content"], ""]
+        meta = m.get("meta") or {}
+        if m["role"] == "tool":
+            state = " · error" if meta.get("error") else ""
+            state = " · interrupted" if m.get("status") == "interrupted" else state
+            lines += [
+                f"### tool call · {meta.get('name', '?')}{state}",
+                "",
+                fenced(meta.get("arguments", ""), "json"),
+                "",
+                fenced(m["content"], "text"),
+                "",
+            ]
+            continue
+        notes = [n for n in message_notes(m) if n]
+        lines += [f"## {' · '.join([m['role'], *notes])}", ""]
+        if meta.get("reasoning"):
+            lines += [
+                "<details><summary>thinking</summary>",
+                "",
+                meta["reasoning"],
+                "",
+                "</details>",
+                "",
+            ]
+        if m["content"]:
+            lines += [m["content"], ""]
+        for call in meta.get("tool_calls") or []:
+            lines += [f"- calls `{call['name']}`", ""]
     return "\n".join(lines)
+
+
+def fenced(text: str, language: str) -> str:
+    """`text` in a code fence longer than any run of backticks inside it."""
+    run, best = 0, 0
+    for c in text:
+        run = run + 1 if c == "`" else 0
+        best = max(best, run)
+    ticks = "`" * max(3, best + 1)
+    return f"{ticks}{language}\n{text}\n{ticks}"
+
+
+def message_notes(m: dict) -> list[str]:
+    """How a stored message ended, when not plainly: interrupted (the process died), stopped
+    (Esc), max tokens, or the error."""
+    meta = m.get("meta") or {}
+    if m.get("status") == "interrupted":
+        return ["interrupted"]
+    if meta.get("error"):
+        return [f"error: {meta['error']}"]
+    if meta.get("cut"):
+        return ["max tokens"]
+    if meta.get("stopped"):
+        return ["stopped"]
+    return []

@@ -21,6 +21,9 @@ class ApprovalRequest:
 
 
 Ask = Callable[[ApprovalRequest], Awaitable[bool]]
+# A /fanout split shown before its subagents start: the subtasks ({"title", "task"}) to run,
+# edited or as they were, or None to run none.
+ReviewSplit = Callable[[str, list[dict]], Awaitable[list[dict] | None]]
 
 
 @dataclass(slots=True)
@@ -28,6 +31,7 @@ class Approvals:
     allow_edits: bool = False
     allow_commands: bool = False
     ask: Ask | None = None  # None: what is not allowed up front is refused
+    review_split: ReviewSplit | None = None  # None: a /fanout split runs as the model wrote it
 
     async def approve(self, request: ApprovalRequest) -> bool:
         allowed = self.allow_edits if request.kind == "edit" else self.allow_commands

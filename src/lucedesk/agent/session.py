@@ -257,7 +257,7 @@ class AgentSession:
         s = self.record
         reply = self.store.begin_reply(s)
         self.runtime.emit(MessageAdded(self, reply))
-        self._set_phase("waiting for the model")
+        self._set_phase("reading")  # queued, then the prompt is read (prefill)
         saved_at = time.monotonic()
         text: list[str] = []
 
@@ -446,8 +446,10 @@ class AgentSession:
         like any other delegation."""
         if agent_type is None:  # children only look; a session without tools gives them none
             agent_type = "chat" if self.tools() == [] else "explore"
+        # Shown as the user wrote it; the model reads the split prompt (see chat_messages).
         prompt = SPLIT_PROMPT.format(count=count, task=task)
-        message = self.store.add_message(self.record, "user", prompt)
+        line = f"/fanout {count} {task}"
+        message = self.store.add_message(self.record, "user", line, meta={"prompt": prompt})
         self.runtime.emit(MessageAdded(self, message))
         self._cancelled = self._cancelled and self._task is None
         self._task = asyncio.current_task()
@@ -493,6 +495,16 @@ class AgentSession:
                 error = "the model's split was cut short; raise /max and try again"
                 return AgentResult("error", "", error)
             reply = self.record.messages[-1]
+            review = self.runtime.approvals.review_split
+            if review is not None:
+                subtasks = await review(self.title, subtasks)
+                if not subtasks:
+                    text = "The split was not run (the user declined it)."
+                    self.store.update_reply(reply, text, "done", {"stopped": True})
+                    self.runtime.emit(MessageDone(self, reply))
+                    self._set_phase("cancelled", "cancelled")
+                    return AgentResult("cancelled", "", "the user declined the split")
+                count = len(subtasks)
             calls = [
                 ToolCall(
                     ToolCall.new_id(),

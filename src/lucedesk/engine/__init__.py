@@ -40,9 +40,14 @@ from lucedesk.engine.turn import (
 from lucedesk.errors import ContextOverflow, RequestError
 
 if TYPE_CHECKING:
-    from lucedesk.engine.build import BuiltEngine, kernel_build_notice, launch_engine
+    from lucedesk.engine.build import (
+        BuiltEngine,
+        check_device,
+        kernel_build_notice,
+        launch_engine,
+    )
 
-_BUILD_NAMES = ("BuiltEngine", "kernel_build_notice", "launch_engine")
+_BUILD_NAMES = ("BuiltEngine", "check_device", "kernel_build_notice", "launch_engine")
 
 __all__ = [
     "MAX_TOP_LOGPROBS",
@@ -76,6 +81,7 @@ __all__ = [
     "TurnEvent",
     "TurnRequest",
     "TurnResult",
+    "check_device",
     "kernel_build_notice",
     "launch_engine",
     "start_turn",

@@ -104,9 +104,32 @@ class BuiltEngine:
     weights: str
 
 
-def build_engine(model_path: str | Path, config: EngineConfig) -> BuiltEngine:
+def check_device(config: EngineConfig) -> torch.device:
+    """The device `config` names, if this machine has it: what a profile switch checks
+    before it stops anything, and a start before it loads anything."""
     config.validate()
     device = resolve_device(config.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        build = (
+            "a CPU-only torch build"
+            if torch.version.cuda is None and torch.version.hip is None
+            else "torch"
+        )
+        raise ConfigError(
+            f"device {config.device!r}: {build} ({torch.__version__}) sees no GPU on this machine"
+        )
+    if device.type == "cuda" and device.index is not None:
+        if device.index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"device {config.device!r}: this machine has {torch.cuda.device_count()} GPUs"
+            )
+    if config.kernels == "cpu" and device.type != "cpu":
+        raise ConfigError(f"kernels 'cpu' run on the CPU, not on device {config.device!r}")
+    return device
+
+
+def build_engine(model_path: str | Path, config: EngineConfig) -> BuiltEngine:
+    device = check_device(config)
     dtype = resolve_dtype(config.dtype, device)
     if config.num_threads and device.type == "cpu":
         torch.set_num_threads(config.num_threads)
@@ -128,7 +151,11 @@ def kernel_build_notice(config: EngineConfig) -> str | None:
     return "building the CPU kernels (first run on this machine, ~10 s)"
 
 
-def launch_engine(model_path: str | Path, config: EngineConfig) -> BuiltEngine:
+def launch_engine(
+    model_path: str | Path,
+    config: EngineConfig,
+    progress: Callable[[str], None] | None = None,
+) -> BuiltEngine:
     """Load the model and run the engine on one new thread, returning once it is serving.
 
     Every torch call of the engine happens on that thread, loading included: with OpenMP,
@@ -151,6 +178,8 @@ def launch_engine(model_path: str | Path, config: EngineConfig) -> BuiltEngine:
     if isinstance(result, BaseException):
         raise result
     result.engine.adopt_thread(thread)
+    if progress is not None:
+        progress(f"warming up ({result.kernels} kernels, {result.pool_tokens} KV tokens)")
     result.engine.warm_up()
     return result
 

@@ -88,7 +88,7 @@ class Engine:
         self._drain = False
         self._drain_timeout = 30.0
         self._num_pending = 0  # submitted, not yet seen by the engine thread
-        self._publish(0)  # monitors see the idle slots and the pool before any request
+        self._publish()  # monitors see the idle slots and the pool before any request
 
     # -- public API (any thread) ------------------------------------------------------------
 
@@ -238,7 +238,7 @@ class Engine:
                 deadline = deadline or time.monotonic() + self._drain_timeout
                 if not self._drain or time.monotonic() > deadline or not self._has_work():
                     self._cancel_all()
-                    self._publish(0)
+                    self._publish()
                     return
             if not self._has_work() and not self.scheduler.recently_finished:
                 self._wake.wait(0.5)
@@ -273,6 +273,7 @@ class Engine:
     def step(self) -> None:
         """One scheduling step: take submissions and cancels, plan, execute, record, stream.
         The engine thread calls it in a loop; tests may call it directly instead."""
+        started = time.monotonic()
         self._take_inbox()
         plan = self.scheduler.plan()
         if plan.finished_ids:  # even when nothing runs next: no state outlives its request
@@ -280,7 +281,7 @@ class Engine:
         for rid in plan.finished_ids:
             self._close(rid)  # cancelled at the step boundary
         if not plan:
-            self._publish(0)
+            self._publish(0, started)
             return
         result = self._execute(plan)
         for slot, message in result.errors.items():
@@ -305,7 +306,7 @@ class Engine:
                 self.scheduler.finish(req, FinishReason.ERROR, f"output processing failed: {exc}")
         for rid in self.scheduler.recently_finished:
             self._close(rid)
-        self._publish(len(produced))
+        self._publish(len(produced), started)
 
     def _execute(self, plan: StepPlan) -> StepResult:
         try:
@@ -412,10 +413,11 @@ class Engine:
             self._finish(req, FinishReason.CANCELLED)
         self.scheduler.recently_finished.clear()
 
-    def _publish(self, num_generated: int) -> None:
+    def _publish(self, num_generated: int = 0, started: float | None = None) -> None:
+        """A new stats snapshot after a step that began at `started` (rates count it)."""
         sched, c = self.scheduler, self._collector
         now = time.monotonic()
-        c.on_step(now, num_generated)
+        c.on_step(now if started is None else started, now, num_generated)
         by_slot = {r.slot: r for r in sched.running}
         pool = sched.pool
         self._stats = EngineStats(
@@ -428,7 +430,7 @@ class Engine:
             blocks_used=pool.num_used_blocks,
             blocks_total=pool.num_blocks,
             block_size=pool.block_size,
-            tokens_per_s=c.rate(now),
+            spans=c.spans(),
             num_preemptions=sched.num_preemptions,
             num_completed=c.num_completed,
             prompt_tokens_total=c.prompt_tokens_total,

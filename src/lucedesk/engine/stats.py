@@ -3,6 +3,7 @@ latency histograms for /metrics."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
@@ -13,6 +14,32 @@ TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
 
 RATE_WINDOW_S = 2.0
+
+# (when a step began, when it ended, the tokens it produced): what rates are computed from
+Span = tuple[float, float, int]
+
+
+def window_rate(spans: tuple[Span, ...], now: float, window: float = RATE_WINDOW_S) -> float:
+    """Tokens per second over the `window` seconds before `now`. Each step's tokens are
+    spread over the time the step took, and counted for the part of it inside the window;
+    the time counted runs from the first of those steps' start (or the window's) to `now`,
+    idle time included. So a rate falls to 0 when steps stop, one slow step is its tokens
+    over its own duration, and a request alone has the engine's rate."""
+    since = now - window
+    tokens = 0.0
+    first = now
+    for start, end, n in spans:
+        if end <= since or start >= now:
+            continue
+        a, b = max(start, since), min(end, now)
+        tokens += n * (b - a) / (end - start) if end > start else n
+        first = min(first, a)
+    return tokens / (now - first) if now > first else 0.0
+
+
+def keep_window(spans: deque[Span], now: float, window: float = RATE_WINDOW_S) -> None:
+    while spans and spans[0][1] <= now - window:
+        spans.popleft()
 
 
 @dataclass(slots=True, frozen=True)
@@ -26,11 +53,16 @@ class SlotStats:
     output_tokens: int = 0
     context_tokens: int = 0  # prompt + output
     blocks: int = 0
-    tokens_per_s: float = 0.0
     ttft_s: float | None = None
     preemptions: int = 0
     draft_tokens: int = 0  # prompt-lookup draft tokens verified for this request
     accepted_tokens: int = 0  # ...and kept
+    spans: tuple[Span, ...] = ()  # this request's steps of the last RATE_WINDOW_S
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Its output rate now: read later than the snapshot was taken, lower."""
+        return window_rate(self.spans, time.monotonic())
 
 
 @dataclass(slots=True, frozen=True)
@@ -52,7 +84,6 @@ class EngineStats:
     blocks_used: int = 0
     blocks_total: int = 0
     block_size: int = 16
-    tokens_per_s: float = 0.0  # generated tokens per second over the last couple of seconds
     num_preemptions: int = 0
     num_completed: int = 0
     prompt_tokens_total: int = 0
@@ -68,6 +99,13 @@ class EngineStats:
     draft_rows: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    spans: tuple[Span, ...] = ()  # the engine's steps of the last RATE_WINDOW_S
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens per second over the last RATE_WINDOW_S, as of now (an engine
+        with nothing to do publishes no snapshots; its rate still falls to 0)."""
+        return window_rate(self.spans, time.monotonic())
 
     @property
     def acceptance_rate(self) -> float:
@@ -111,8 +149,9 @@ class StatsCollector:
         self.num_completed = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
-        self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) per step
-        self._token_times: dict[str, deque[float]] = {}
+        self._spans: deque[Span] = deque()  # the engine's steps
+        self._request_spans: dict[str, deque[Span]] = {}
+        self._step_tokens: Counter[str] = Counter()  # by request, in the step under way
 
     def on_token(self, req: Request, now: float) -> None:
         if req.first_token_time is None:
@@ -121,34 +160,30 @@ class StatsCollector:
         elif req.last_token_time is not None:
             self.itl.observe(now - req.last_token_time)
         req.last_token_time = now
-        times = self._token_times.setdefault(req.request_id, deque(maxlen=32))
-        times.append(now)
+        self._step_tokens[req.request_id] += 1
         self.generation_tokens_total += 1
 
     def on_finish(self, req: Request) -> None:
         self.num_completed += 1
         self.finish_reasons[req.finish_reason.value] += 1
         self.prompt_tokens_total += req.num_prompt_tokens
-        self._token_times.pop(req.request_id, None)
+        self._request_spans.pop(req.request_id, None)
+        self._step_tokens.pop(req.request_id, None)
 
-    def on_step(self, now: float, num_generated: int) -> None:
-        self._recent.append((now, num_generated))
-        while self._recent and now - self._recent[0][0] > RATE_WINDOW_S:
-            self._recent.popleft()
+    def on_step(self, started: float, now: float, num_generated: int) -> None:
+        """A step that began at `started` ended at `now` having produced `num_generated`
+        tokens (those of each request were counted by on_token)."""
+        if num_generated:
+            self._spans.append((started, now, num_generated))
+        keep_window(self._spans, now)
+        for rid, n in self._step_tokens.items():
+            self._request_spans.setdefault(rid, deque()).append((started, now, n))
+        self._step_tokens.clear()
+        for spans in self._request_spans.values():
+            keep_window(spans, now)
 
-    def rate(self, now: float) -> float:
-        if not self._recent:
-            return 0.0
-        span = max(now - self._recent[0][0], 1e-3)
-        if now - self._recent[-1][0] > RATE_WINDOW_S:
-            return 0.0
-        return sum(n for _, n in self._recent) / max(span, 0.25)
-
-    def slot_rate(self, request_id: str, now: float) -> float:
-        times = [t for t in self._token_times.get(request_id, ()) if now - t <= RATE_WINDOW_S]
-        if len(times) < 2 or times[-1] == times[0]:
-            return 0.0
-        return (len(times) - 1) / (times[-1] - times[0])
+    def spans(self) -> tuple[Span, ...]:
+        return tuple(self._spans)
 
     def slot(self, slot: int, req: Request | None, now: float) -> SlotStats:
         if req is None:
@@ -163,9 +198,9 @@ class StatsCollector:
             output_tokens=req.num_output_tokens,
             context_tokens=req.num_tokens,
             blocks=len(req.block_ids),
-            tokens_per_s=self.slot_rate(req.request_id, now),
             ttft_s=(req.first_token_time - req.arrival_time) if req.first_token_time else None,
             preemptions=req.num_preemptions,
             draft_tokens=req.num_draft_tokens,
             accepted_tokens=req.num_accepted_tokens,
+            spans=tuple(self._request_spans.get(req.request_id, ())),
         )

@@ -196,6 +196,12 @@ def create_app(
         }
         return {"object": "list", "data": [{"id": served.model_id, **entry}]}
 
+    def slot_json(slot) -> dict:
+        fields = asdict(slot)
+        del fields["spans"]  # what the rate is computed from
+        fields["tokens_per_s"] = round(slot.tokens_per_s, 2)
+        return fields
+
     @app.get("/slots")
     async def slots() -> dict:
         s = current().stats()
@@ -211,7 +217,7 @@ def create_app(
             "prefix_cache_hit_tokens": s.prefix_cache_hit_tokens,
             "draft_tokens": s.draft_tokens,
             "accepted_draft_tokens": s.accepted_tokens,
-            "slots": [asdict(slot) for slot in s.slots],
+            "slots": [slot_json(slot) for slot in s.slots],
         }
 
     @app.get("/metrics")

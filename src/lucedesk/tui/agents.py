@@ -22,7 +22,7 @@ from lucedesk.agent import (
 from lucedesk.store import Session
 from lucedesk.tui.messages import AgentUpdate
 
-FLUSH_S = 0.05
+FLUSH_S = 0.1
 
 if TYPE_CHECKING:
     from lucedesk.tui.app import LucedeskApp
@@ -33,6 +33,7 @@ class AgentRunner:
         self.app = app
         self.approvals = approvals
         self.approvals.ask = self.ask
+        self.approvals.review_split = self.review_split
         self.extra_tools: list = []  # MCP servers' tools, once started
         self.live: dict[int, AgentSession] = {}  # by stored session id
         self.screen = None  # the main screen, once mounted: it renders agent events
@@ -77,7 +78,7 @@ class AgentRunner:
     def observe(self, event: AgentEvent) -> None:
         """Called for every agent event: hands it to the main screen. Streamed text is
         gathered and handed on FLUSH_S later in one piece per reply (a reply renders at
-        most ten times a second anyway; a message per token cost the engine's cores)."""
+        most six times a second anyway; a message per token cost the engine's cores)."""
         if isinstance(event, ChildStarted):
             self.live[event.child.id] = event.child
         if isinstance(event, TextStreamed | ReasoningStreamed):
@@ -116,3 +117,11 @@ class AgentRunner:
             else:
                 self.approvals.allow_commands = True
         return choice in ("once", "always")
+
+    async def review_split(self, session_title: str, subtasks: list[dict]) -> list[dict] | None:
+        from lucedesk.tui.screens.dialogs import SplitDialog
+
+        async with self._asking:
+            answered: asyncio.Future[list[dict] | None] = asyncio.get_running_loop().create_future()
+            self.app.push_screen(SplitDialog(session_title, subtasks), answered.set_result)
+            return await answered

@@ -37,6 +37,15 @@ class LucedeskApp(App):
         self.mcp = None
         # Typed on the loading screen; the main screen puts it in its first pane's input.
         self.pending_input = ""
+        self.drafts: dict[int, str] = {}  # typed, not sent, in a session no pane shows now
+        self.warned_tools: set[int] = set()  # sessions told their model has no tool format
+
+    def forget_if_unused(self, session) -> None:
+        """A chat left without a word sent (and nothing typed for it) is not kept."""
+        if session.kind != "chat" or session.messages or self.drafts.get(session.id):
+            return
+        if not self.agents.running(session.id):
+            self.store.delete_session(session.id)
 
     def on_mount(self) -> None:
         self.push_screen(LoadingScreen())
@@ -71,8 +80,11 @@ class LucedeskApp(App):
 
         try:
             self.host.switch(self.host.profile.name, True, say, model=path)
-        except LucedeskError as exc:
-            self.call_from_thread(self.notify, f"Model switch failed: {exc}", severity="error")
+        except Exception as exc:  # said, never a silent worker failure
+            text = str(exc) if isinstance(exc, LucedeskError) else f"{type(exc).__name__}: {exc}"
+            self.call_from_thread(
+                self.notify, f"Model switch failed: {text}", severity="error", timeout=10
+            )
             return
         self.call_from_thread(self.engine_switched)
 
@@ -131,6 +143,12 @@ class LucedeskApp(App):
             self.notify(f"{len(self.mcp.tools)} tools from MCP servers.")
 
     async def on_unmount(self) -> None:
+        from lucedesk.tui.screens.main import MainScreen
+
+        main = next((s for s in self.screen_stack if isinstance(s, MainScreen)), None)
+        if main is not None:
+            for pane in main.panes:
+                self.forget_if_unused(pane.session)
         if self.mcp is not None:
             await self.mcp.stop()
         self.host.stop()

@@ -3,12 +3,14 @@ Blocking methods here run on a worker thread, never on the event loop."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from pathlib import Path
 
 from lucedesk import profile as profiles
-from lucedesk.engine import BuiltEngine, Engine, kernel_build_notice, launch_engine
+from lucedesk.engine import BuiltEngine, Engine, check_device, kernel_build_notice, launch_engine
+from lucedesk.errors import LucedeskError
 from lucedesk.server import RunningServer, create_app, start_server
 
 log = logging.getLogger(__name__)
@@ -49,11 +51,13 @@ class EngineHost:
         from lucedesk.pull import resolve_model
 
         self.profile, self.config, self.why = profiles.resolve(self.profile_name, self.overrides)
-        progress(self.why)
+        progress(f"profile {self.profile.name}: {self.why}")
         self.model_path = resolve_model(self.model_arg, progress)
-        progress(kernel_build_notice(self.config) or f"loading {self.model_path.name}")
-        self.built = launch_engine(self.model_path, self.config)
+        notice = kernel_build_notice(self.config)  # built while the model loads
+        progress(f"loading {self.model_path.name}" + (f"; {notice}" if notice else ""))
+        self.built = launch_engine(self.model_path, self.config, progress)
         if self.http:
+            progress(f"starting HTTP on {self.host}:{self.port}")
             try:
                 self.server = start_server(create_app(lambda: self.engine), self.host, self.port)
             except Exception as exc:  # the TUI works without HTTP; say why it is off
@@ -68,25 +72,37 @@ class EngineHost:
         model: str | None = None,
     ) -> None:
         """Rebuild the engine with another profile (or model): running requests finish
-        (drain) or end cancelled, then the model is loaded under the new settings."""
+        (drain) or end cancelled, then the model is loaded under the new settings. What can
+        be checked first is (the profile, the device, the model file): such a switch fails
+        with the engine untouched. One that fails while loading brings the old settings
+        back with the KV pool it had, and says so."""
         chosen, config, why = profiles.resolve(profile_name, self.overrides)
-        old_path = self.model_path
+        check_device(config)
+        new_path = self.model_path
         if model is not None:
             from lucedesk.engine.models.loader import read_model_config
 
             read_model_config(model)  # a bad path or file fails here, before anything stops
-            self.model_path = Path(model).expanduser()
+            new_path = Path(model).expanduser()
         old = self.built
         progress("finishing running requests" if drain else "cancelling running requests")
         if old is not None:
             old.engine.shutdown(drain=drain, timeout=60)
-        progress(f"loading {self.model_path.name} with profile {chosen.name}")
+        progress(f"loading {new_path.name} with profile {chosen.name}")
         try:
-            self.built = launch_engine(self.model_path, config)
-        except Exception:
-            self.model_path = old_path
-            self.built = launch_engine(self.model_path, self.config)  # back to what worked
-            raise
+            self.built = launch_engine(new_path, config)
+        except Exception as exc:
+            log.exception("switch to profile %s failed", chosen.name)
+            # the same pool as before: the memory the failed load left may differ
+            pool = old.pool_tokens if old is not None else self.config.kv_pool_tokens
+            self.built = launch_engine(
+                self.model_path, dataclasses.replace(self.config, kv_pool_tokens=pool)
+            )
+            raise LucedeskError(
+                f"{exc}; the engine runs again with profile {self.profile.name} and "
+                f"{self.model_path.name}"
+            ) from None
+        self.model_path = new_path
         self.profile, self.profile_name, self.config, self.why = chosen, chosen.name, config, why
 
     def stop(self) -> None:

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
+from lucedesk.agent import AgentEvent
+
 
 @dataclass
 class PromptSubmitted(Message):
@@ -22,6 +24,20 @@ class SessionChosen(Message):
 
 
 @dataclass
+class SessionRenameAsked(Message):
+    """`r` on a session in the sidebar."""
+
+    session_id: int
+
+
+@dataclass
+class SessionDeleteAsked(Message):
+    """Delete on a session in the sidebar."""
+
+    session_id: int
+
+
+@dataclass
 class SessionsChanged(Message):
     """A pane created or renamed a session: the sidebar lists them again."""
 
@@ -30,4 +46,4 @@ class SessionsChanged(Message):
 class AgentUpdate(Message):
     """An agent session (a pane's, or a child's) did something: see lucedesk.agent.events."""
 
-    event: object
+    event: AgentEvent

@@ -4,11 +4,13 @@ message; the app hands it to the main screen's first input when the engine is re
 
 from __future__ import annotations
 
+import time
+
 from textual import work
 from textual.app import ComposeResult
 from textual.containers import Center, Middle
 from textual.screen import Screen
-from textual.widgets import Input, Label, LoadingIndicator
+from textual.widgets import Input, Label, LoadingIndicator, Static
 
 from lucedesk.errors import LucedeskError
 
@@ -22,11 +24,13 @@ class LoadingScreen(Screen):
         super().__init__()
         self.progress = "starting"  # the engine's last progress line
         self.kept = False  # Enter was pressed: the text waits for the main screen
+        self.stages: list[tuple[str, float]] = []  # (line, when it began), the last under way
 
     def compose(self) -> ComposeResult:
         with Middle(), Center():
             yield Label("lucedesk", id="title")
             yield LoadingIndicator()
+            yield Static("", id="stages")
             yield Label(self.progress, id="status")
             yield Input(placeholder="type your first message while the model loads", id="early")
 
@@ -51,9 +55,26 @@ class LoadingScreen(Screen):
             self.show_progress(self.progress)
 
     def show_progress(self, text: str) -> None:
+        """Each start-up stage on its line: those done with a mark and the seconds they
+        took, the one under way last (a stage saying how far it is replaces its line)."""
+        if text != self.progress:
+            now = time.monotonic()
+            same = self.stages and self.stages[-1][0].split(":")[0] == text.split(":")[0]
+            if same and ":" in text:
+                self.stages[-1] = (text, self.stages[-1][1])
+            else:
+                self.stages.append((text, now))
+            self.query_one("#stages", Static).update(self.stage_text())
         self.progress = text
-        note = f" · {KEPT_NOTE}" if self.kept else ""
-        self.query_one("#status", Label).update(text + note)
+        note = KEPT_NOTE if self.kept else ""
+        self.query_one("#status", Label).update(note)
+
+    def stage_text(self) -> str:
+        lines = [
+            f"✓ {line} ({later - began:.1f} s)"
+            for (line, began), (_, later) in zip(self.stages, self.stages[1:])
+        ]
+        return "\n".join([*lines, f"… {self.stages[-1][0]}"]) if self.stages else ""
 
     def say(self, text: str) -> None:
         self.app.call_from_thread(self.show_progress, text)

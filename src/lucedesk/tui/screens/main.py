@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.events import DescendantFocus
 from textual.screen import Screen
-from textual.widgets import Footer, Header
+from textual.widgets import Footer, Header, Input, TextArea
 
-from lucedesk.agent import ChildStarted, PhaseChanged
+from lucedesk.agent import ChildStarted, MessageAdded, PhaseChanged
 from lucedesk.store import Session
-from lucedesk.tui.messages import AgentUpdate, SessionChosen, SessionsChanged
+from lucedesk.tui.messages import (
+    AgentUpdate,
+    SessionChosen,
+    SessionDeleteAsked,
+    SessionRenameAsked,
+    SessionsChanged,
+)
 from lucedesk.tui.widgets.chat_input import ChatInput
-from lucedesk.tui.widgets.chat_pane import ChatPane
+from lucedesk.tui.widgets.chat_pane import UNTITLED, ChatPane
 from lucedesk.tui.widgets.engine_status import EngineStatus
 from lucedesk.tui.widgets.session_list import SessionList
 from lucedesk.tui.widgets.slot_monitor import SlotMonitor
@@ -23,18 +30,23 @@ MAX_PANES = 4
 
 class MainScreen(Screen):
     CSS_PATH = "main.tcss"
+    # Priority: they work while the input has the focus (it has it nearly always), before
+    # the text area's own keys (F6 select line, Ctrl+W/Ctrl+Y/Ctrl+E/Ctrl+F editing).
     BINDINGS = [
-        Binding("escape", "stop", "Stop reply"),
-        Binding("ctrl+n", "new_session", "New chat"),
-        Binding("ctrl+s", "split", "Split"),
-        Binding("ctrl+w", "unsplit", "Close pane"),
-        Binding("f6", "next_pane", "Next pane"),
-        Binding("ctrl+g", "toggle_monitor", "Monitor"),
-        Binding("ctrl+r", "regenerate", "Regenerate"),
-        Binding("ctrl+y", "copy_reply", "Copy reply"),
-        Binding("ctrl+f", "fanout", "Fan out"),
-        Binding("ctrl+e", "export", "Export", show=False),
-        Binding("f8", "profiles", "Profiles"),
+        Binding("escape", "stop", "Stop reply", priority=True),
+        Binding("f1", "keys", "Keys", priority=True),
+        Binding("ctrl+n", "new_session", "New chat", priority=True),
+        Binding("ctrl+s", "split", "Split", priority=True),
+        Binding("ctrl+w", "unsplit", "Close pane", priority=True),
+        Binding("f6", "next_pane", "Next pane", priority=True),
+        Binding("ctrl+g", "toggle_monitor", "Monitor", priority=True),
+        Binding("ctrl+b", "toggle_sidebar", "Sidebar", priority=True),
+        Binding("ctrl+r", "regenerate", "Regenerate", priority=True),
+        Binding("ctrl+y", "copy_reply", "Copy reply", show=False, priority=True),
+        Binding("ctrl+f", "fanout", "Fan out", priority=True),
+        Binding("ctrl+e", "export", "Export", show=False, priority=True),
+        Binding("f8", "profiles", "Profiles", priority=True),
+        Binding("question_mark", "keys", "Keys", show=False),  # where no input takes it
     ]
 
     def __init__(self) -> None:
@@ -64,17 +76,59 @@ class MainScreen(Screen):
         return pane.session.backend_url if pane is not None else ""
 
     async def on_mount(self) -> None:
-        self.app.agents.screen = self
-        store = self.app.store
-        sessions = store.sessions()
-        session = sessions[-1] if sessions else self.new_session("Chat 1")
+        """The layout of the last run comes back: its panes, which had the focus, whether
+        the sidebar and the monitor were shown."""
+        app = self.app
+        app.agents.screen = self
+        store = app.store
+        layout = store.setting("layout", {})
+        shown = [store.session(i) for i in layout.get("panes", [])]
+        shown = [s for s in shown if s is not None][:MAX_PANES]
+        if not shown:
+            sessions = [s for s in store.sessions() if s.messages]
+            shown = [sessions[-1] if sessions else self.new_session(UNTITLED)]
+        self.query_one(SessionList).display = layout.get("sidebar", True)
+        self.query_one(SlotMonitor).set_class(layout.get("monitor", False), "visible")
+        for session in shown:
+            await self.add_pane(session)
+        focused = layout.get("focused", 0)
+        self.panes[focused if 0 <= focused < len(self.panes) else 0].focus_input()
         self.refresh_sessions()
-        pane = await self.add_pane(session)
-        typed, self.app.pending_input = self.app.pending_input, ""
+        typed, app.pending_input = app.pending_input, ""
         if typed:  # typed while the model loaded: there to edit or send, not sent
-            box = pane.query_one(ChatInput)
+            box = self.pane().query_one(ChatInput)
             box.text = typed
             box.move_cursor(box.document.end)
+
+    def save_layout(self) -> None:
+        panes = self.panes
+        current = self.pane()
+        self.app.store.set_setting(
+            "layout",
+            {
+                "panes": [p.session.id for p in panes],
+                "focused": panes.index(current) if current in panes else 0,
+                "sidebar": bool(self.query_one(SessionList).display),
+                "monitor": self.query_one(SlotMonitor).has_class("visible"),
+            },
+        )
+
+    def on_key(self, event: events.Key) -> None:
+        """A key typed while something in a pane other than its input has the focus (a
+        tool block after a click) goes to that pane's input: nothing typed is lost."""
+        if not event.is_printable or event.character is None or event.character == "?":
+            return
+        focused = self.focused
+        if isinstance(focused, TextArea | Input):
+            return
+        if focused is not None and not any(isinstance(n, ChatPane) for n in focused.ancestors):
+            return  # the sidebar's own keys (r, Delete) and the like
+        pane = self.pane()
+        if pane is not None:
+            event.stop()
+            box = pane.query_one(ChatInput)
+            box.focus()
+            box.insert(event.character)
 
     # -- panes ------------------------------------------------------------------------------
 
@@ -88,12 +142,15 @@ class MainScreen(Screen):
         await self.pane_box.mount(pane)
         self.active = pane
         pane.focus_input()
+        self.save_layout()
         return pane
 
     def on_descendant_focus(self, event: DescendantFocus) -> None:
         for node in event.widget.ancestors_with_self:
             if isinstance(node, ChatPane):
-                self.active = node
+                if self.active is not node:
+                    self.active = node
+                    self.save_layout()
                 break
 
     def pane(self) -> ChatPane | None:
@@ -110,10 +167,56 @@ class MainScreen(Screen):
         )
 
     def refresh_sessions(self) -> None:
-        self.query_one(SessionList).show(self.app.store.sessions(None))
+        """The sidebar: every session with a word in it (a pane's new chat joins the list
+        with its first message)."""
+        self.query_one(SessionList).show([s for s in self.app.store.sessions(None) if s.messages])
 
     def on_sessions_changed(self, message: SessionsChanged) -> None:
         self.refresh_sessions()
+        self.save_layout()
+
+    def on_session_rename_asked(self, message: SessionRenameAsked) -> None:
+        from lucedesk.tui.screens.dialogs import TextDialog
+
+        session = self.app.store.session(message.session_id)
+        if session is None:
+            return
+
+        def renamed(title: str | None) -> None:
+            if not title or not title.strip():
+                return
+            for s in [session, *(p.session for p in self.panes if p.session.id == session.id)]:
+                s.title = title.strip()[:60]
+            self.app.store.update_session(session)
+            for pane in self.panes:
+                pane.refresh_header()
+            self.refresh_sessions()
+
+        self.app.push_screen(TextDialog("Rename the session", session.title), renamed)
+
+    def on_session_delete_asked(self, message: SessionDeleteAsked) -> None:
+        from lucedesk.tui.screens.dialogs import ConfirmDialog
+
+        session = self.app.store.session(message.session_id)
+        if session is None:
+            return
+        if self.app.agents.running(session.id):
+            self.app.notify("That session is running; Esc stops it first.", severity="warning")
+            return
+        question = f"Delete {session.title!r} and its subagents' sessions? This cannot be undone."
+
+        async def answered(choice: str | None) -> None:
+            if choice != "delete":
+                return
+            self.app.store.delete_session(session.id)
+            self.app.agents.live.pop(session.id, None)
+            for pane in self.panes:  # a pane showing it (or one of its children) starts anew
+                if self.app.store.session(pane.session.id) is None:
+                    await pane.show_session(self.new_session(UNTITLED))
+            self.refresh_sessions()
+            self.app.notify(f"Deleted {session.title!r}.")
+
+        self.app.push_screen(ConfirmDialog(question, [("delete", "Delete")]), answered)
 
     async def on_agent_update(self, message: AgentUpdate) -> None:
         """An agent did something: the pane showing its session renders it; the sidebar
@@ -121,8 +224,11 @@ class MainScreen(Screen):
         for pane in self.panes:
             if pane.session.id == message.event.session.id:
                 await pane.on_agent_update(message)
-        if isinstance(message.event, ChildStarted):
+        event = message.event
+        if isinstance(event, ChildStarted):
             self.refresh_sessions()
+        elif isinstance(event, MessageAdded) and len(event.session.record.messages) == 1:
+            self.refresh_sessions()  # a chat's first message: it joins the sidebar
         elif isinstance(message.event, PhaseChanged):
             self.query_one(SessionList).relabel(message.event.session.record)
 
@@ -160,9 +266,7 @@ class MainScreen(Screen):
         if pane is not None and pane.busy:
             self.app.notify("This pane is answering; split first or press Esc.", severity="warning")
             return
-        count = len(self.app.store.sessions()) + 1
-        session = self.new_session(f"Chat {count}")
-        self.refresh_sessions()
+        session = self.new_session(UNTITLED)
         if pane is None:
             await self.add_pane(session)
         else:
@@ -173,10 +277,7 @@ class MainScreen(Screen):
         if len(self.panes) >= MAX_PANES:
             self.app.notify(f"At most {MAX_PANES} panes side by side.", severity="warning")
             return
-        count = len(self.app.store.sessions()) + 1
-        session = self.new_session(f"Chat {count}")
-        self.refresh_sessions()
-        await self.add_pane(session)
+        await self.add_pane(self.new_session(UNTITLED))
 
     async def action_unsplit(self) -> None:
         pane = self.pane()
@@ -184,9 +285,11 @@ class MainScreen(Screen):
             self.app.notify("The last pane stays.", severity="warning")
             return
         pane.stop(take_back=False)
+        self.app.forget_if_unused(pane.session)
         await pane.remove()
         self.active = self.panes[-1]
         self.active.focus_input()
+        self.save_layout()
 
     def action_next_pane(self) -> None:
         panes = self.panes
@@ -200,6 +303,19 @@ class MainScreen(Screen):
         monitor = self.query_one(SlotMonitor)
         monitor.toggle_class("visible")
         monitor.refresh_stats()
+        self.save_layout()
+
+    def action_toggle_sidebar(self) -> None:
+        sidebar = self.query_one(SessionList)
+        sidebar.display = not sidebar.display
+        if not sidebar.display and sidebar.has_focus:
+            self.action_next_pane()
+        self.save_layout()
+
+    def action_keys(self) -> None:
+        from lucedesk.tui.screens.keys import KeysScreen
+
+        self.app.push_screen(KeysScreen())
 
     async def action_regenerate(self) -> None:
         pane = self.pane()
@@ -217,8 +333,12 @@ class MainScreen(Screen):
 
     def action_export(self) -> None:
         pane = self.pane()
-        if pane is not None:
+        if pane is None:
+            return
+        try:
             self.app.notify(f"Exported to {pane.export()}")
+        except OSError as exc:
+            self.app.notify(f"Export failed: {exc}", severity="error")
 
     def action_fanout(self) -> None:
         from lucedesk.tui.screens.dialogs import FanoutDialog

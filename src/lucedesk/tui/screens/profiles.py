@@ -74,7 +74,10 @@ class ProfilesScreen(Screen):
 
         try:
             self.app.host.switch(name, drain, say)
-        except LucedeskError as exc:
-            self.app.call_from_thread(self.app.notify, f"Switch failed: {exc}", severity="error")
+        except Exception as exc:  # said, never a silent worker failure
+            text = str(exc) if isinstance(exc, LucedeskError) else f"{type(exc).__name__}: {exc}"
+            self.app.call_from_thread(
+                self.app.notify, f"Switch to {name} failed: {text}", severity="error", timeout=10
+            )
             return
         self.app.call_from_thread(self.app.engine_switched)

@@ -5,12 +5,12 @@ calls as compact blocks."""
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
-import platformdirs
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
-from textual.widgets import Label
+from textual.widgets import Label, Static
 
 from lucedesk.agent import (
     AgentSession,
@@ -20,32 +20,69 @@ from lucedesk.agent import (
     ReasoningStreamed,
     TextStreamed,
 )
-from lucedesk.store import Session, export_markdown
+from lucedesk.engine import ToolChoice
+from lucedesk.store import Session, export_dir, export_markdown, message_notes
 from lucedesk.tui.messages import AgentUpdate, PromptSubmitted, SessionsChanged
+from lucedesk.tui.slash import run_command
 from lucedesk.tui.widgets.chat_input import ChatInput
 from lucedesk.tui.widgets.message_view import MessageView
 from lucedesk.tui.widgets.tool_call_view import ToolCallView
 
-HELP = (
-    "Commands: /fanout N <task> · /tools on|read|off · /system <prompt> · /temp <0-2> · "
-    "/max <tokens> · "
-    "/title <name> · /backend <url|local> · /model <path> · /help"
+UNTITLED = "New chat"
+WELCOME = (
+    "Type a message, Enter sends (Ctrl+J: new line). Esc stops a reply · Ctrl+S splits · "
+    "Ctrl+G shows the slots · Ctrl+B the sidebar · F1 every key · /help every command"
 )
 
 
-def number(kind: type, text: str):
-    try:
-        return kind(text)
-    except ValueError:
-        raise ValueError(f"expected a number, got {text!r}") from None
+def untitled(title: str) -> bool:
+    """A title lucedesk gave, which the first message may replace."""
+    return title == UNTITLED or re.fullmatch(r"Chat \d+", title) is not None
+
+
+def title_from(text: str) -> str:
+    """A session's title from its first message: its first line, at most 40 characters."""
+    line = " ".join(text.split())
+    return line if len(line) <= 40 else line[:39].rstrip() + "…"
+
+
+class Transcript(VerticalScroll, can_focus=False):
+    """The conversation; follows new output unless scrolled up, and then says that there is
+    more below. Never takes the focus: typing goes to the input."""
+
+    following = True  # kept at the end as output comes
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        if new_value < old_value and new_value < self.max_scroll_y:
+            self.following = False  # the user scrolled up (content shrinking clamps to max)
+        elif new_value >= self.max_scroll_y:
+            self.following = True
+            self.parent.new_below(False)
+
+    def grew(self) -> None:
+        """Content was added: followed to the end, or marked as below."""
+        if self.following:
+            self.scroll_end(animate=False)
+        else:
+            self.parent.new_below(True)
+
+    def jump_to_end(self) -> None:
+        self.following = True
+        self.scroll_end(animate=False)
 
 
 class ChatPane(Vertical, can_focus=False):
     DEFAULT_CSS = """
     ChatPane { width: 1fr; border: round $panel; }
     ChatPane:focus-within { border: round $accent; }
-    ChatPane > #header { height: 1; padding: 0 1; color: $text-muted; }
+    ChatPane > #header { height: 1; padding: 0 1; color: $text-muted; text-wrap: nowrap;
+                         text-overflow: ellipsis; width: 1fr; }
     ChatPane > #log { height: 1fr; padding: 0 1; }
+    ChatPane #welcome { color: $text-muted; padding: 1 1; }
+    ChatPane > #new-below { height: 1; width: 1fr; content-align: center middle;
+                            background: $accent 30%; display: none; }
+    ChatPane > #new-below.shown { display: block; }
     """
 
     def __init__(self, session: Session) -> None:
@@ -57,12 +94,28 @@ class ChatPane(Vertical, can_focus=False):
 
     def compose(self) -> ComposeResult:
         yield Label(self.header_text(), id="header")
-        yield VerticalScroll(id="log")
+        yield Transcript(id="log")
+        yield Label("↓ new output below · click or End to follow", id="new-below")
         yield ChatInput(id="input")
 
     async def on_mount(self) -> None:
-        self.query_one("#log", VerticalScroll).anchor()
         await self.show_session(self.session)
+
+    @property
+    def log_view(self) -> Transcript:
+        return self.query_one("#log", Transcript)
+
+    def new_below(self, shown: bool) -> None:
+        self.query_one("#new-below").set_class(shown, "shown")
+
+    def on_click(self, event) -> None:
+        if event.widget is not None and event.widget.id == "new-below":
+            self.log_view.jump_to_end()
+            self.new_below(False)
+        self.focus_input()  # a click anywhere in the pane leaves the typing where it was
+
+    def follow(self) -> None:
+        self.log_view.grew()
 
     # -- state ------------------------------------------------------------------------------
 
@@ -71,30 +124,44 @@ class ChatPane(Vertical, can_focus=False):
         return self._starting or self.app.agents.running(self.session.id)
 
     def header_text(self) -> str:
+        """The live phase first (a narrow pane cuts the end), then the session's settings."""
         s = self.session
+        agent = self.app.agents.live.get(s.id)
+        phase = f"● {agent.phase} · " if agent is not None and agent.running else ""
         kind = "subagent · " if s.kind == "subagent" else ""
         tools = "no tools" if s.agent_type == "chat" else f"{s.agent_type} tools"
         system = " · system prompt set" if s.system_prompt and s.kind != "subagent" else ""
         backend = f" · via {s.backend_url}" if s.backend_url else ""
-        agent = self.app.agents.live.get(s.id)
-        phase = f" · {agent.phase}" if agent is not None and agent.running else ""
         return (
-            f"{kind}{s.title} · {tools} · temp {s.temperature:g} · max {s.max_tokens}"
-            f"{system}{backend}{phase}"
+            f"{phase}{kind}{s.title} · {tools} · temp {s.temperature:g} · max {s.max_tokens}"
+            f"{system}{backend}"
         )
 
     def refresh_header(self) -> None:
         self.query_one("#header", Label).update(self.header_text())
 
     async def show_session(self, session: Session) -> None:
+        """Shows `session` here; the draft typed for the one shown before stays with it."""
+        box = self.query_one(ChatInput)
+        drafts = self.app.drafts
+        if self.is_mounted and self.session.id != session.id:
+            drafts[self.session.id] = box.text
+            self.app.forget_if_unused(self.session)
         live = self.app.agents.live.get(session.id)
         self.session = live.record if live is not None else session  # a running child's own
-        log = self.query_one("#log", VerticalScroll)
+        log = self.log_view
         await log.remove_children()
         self.views = {}
         views = [self.view_for(m) for m in self.session.messages]
+        if not views:
+            views = [Static(WELCOME, id="welcome")]
         await log.mount_all([v for v in views if v is not None])
+        box.text = drafts.pop(self.session.id, "")
+        box.move_cursor(box.document.end)
+        log.jump_to_end()
+        self.new_below(False)
         self.refresh_header()
+        self.post_message(SessionsChanged())
 
     def view_for(self, m: dict) -> MessageView | ToolCallView | None:
         """The widget of one stored message (remembered by id, so updates find it)."""
@@ -104,8 +171,9 @@ class ChatPane(Vertical, can_focus=False):
             if m.get("status") != "streaming":
                 return None  # its calls follow, each in its own block
             view = MessageView("assistant")
-        else:
-            title = f"{m['role']} · interrupted" if m.get("status") == "interrupted" else None
+        else:  # how it ended (stopped, cut, failed, interrupted) stays on it after a reload
+            notes = message_notes(m) if m.get("status") != "streaming" else []
+            title = " · ".join([m["role"], *notes]) if notes else None
             reasoning = (m.get("meta") or {}).get("reasoning", "")
             view = MessageView(m["role"], m["content"], title=title, reasoning=reasoning)
         if "id" in m:
@@ -127,76 +195,37 @@ class ChatPane(Vertical, can_focus=False):
             self.app.notify("This pane is still answering; Esc stops it.", severity="warning")
             return
         if text.startswith("/"):
-            if await self.run_command(text):
+            if await run_command(self, text):
                 self.query_one(ChatInput).clear()
             return
         self.query_one(ChatInput).clear()
         await self.send(text)
 
     async def send(self, text: str) -> None:
+        s = self.session
+        if not s.messages and untitled(s.title):
+            s.title = title_from(text)
+            self.app.store.update_session(s)
+            self.refresh_header()
         self._starting = True
         self.run_worker(self.run_agent(self.agent.send(text)), group="agent", exit_on_error=False)
 
-    async def run_command(self, line: str) -> bool:
-        """A slash command; False (and a notice) when it is not understood."""
-        name, _, rest = line[1:].partition(" ")
-        rest = rest.strip()
+    def warn_without_tool_format(self) -> None:
+        """Tools on a model whose chat template has no tool-call format of its own: said,
+        once per session, since small models call tools poorly that way."""
         s = self.session
-        try:
-            if name == "fanout":
-                count, _, task = rest.partition(" ")
-                self.start_fanout(number(int, count), task.strip())
-            elif name == "tools":
-                modes = {"off": "chat", "read": "explore", "on": "general"}
-                if rest not in modes:
-                    raise ValueError("/tools on (every tool), read (read-only) or off")
-                s.agent_type = modes[rest]
-                s.workspace = s.workspace or str(self.app.workspace)
-                self.app.notify(
-                    f"Tools {rest} for this session"
-                    + (f" in {s.workspace}." if rest != "off" else ".")
-                )
-            elif name == "system":
-                s.system_prompt = rest
-                self.app.notify("System prompt set." if rest else "System prompt cleared.")
-            elif name == "temp":
-                value = number(float, rest)
-                if not 0.0 <= value <= 2.0:
-                    raise ValueError("the temperature must be between 0 and 2")
-                s.temperature = value
-            elif name == "max":
-                value = number(int, rest)
-                if value < 1:
-                    raise ValueError("max tokens must be at least 1")
-                s.max_tokens = value
-            elif name == "title":
-                if not rest:
-                    raise ValueError("give the session a name: /title <name>")
-                s.title = rest[:60]
-                self.post_message(SessionsChanged())
-            elif name == "backend":
-                if rest in ("", "local"):
-                    s.backend_url = ""
-                elif rest.startswith(("http://", "https://")):
-                    s.backend_url = rest.rstrip("/")
-                else:
-                    raise ValueError("give an http(s) URL of an OpenAI-compatible server, or local")
-                self.app.notify(f"This session now talks to {s.backend_url or 'the local engine'}.")
-            elif name == "model":
-                if not rest:
-                    raise ValueError("give a .gguf file or a Hugging Face folder")
-                self.app.switch_model(rest)
-            elif name == "help":
-                self.app.notify(HELP, timeout=8)
-            else:
-                self.app.notify(f"Unknown command /{name}. {HELP}", severity="error", timeout=6)
-                return False
-        except ValueError as exc:
-            self.app.notify(f"/{name}: {exc}", severity="error")
-            return False
-        self.app.store.update_session(s)
-        self.refresh_header()
-        return True
+        host = self.app.host
+        if s.agent_type == "chat" or s.backend_url or host.built is None:
+            return
+        if host.engine.chat.tool_format.family != "generic" or s.id in self.app.warned_tools:
+            return
+        self.app.warned_tools.add(s.id)
+        self.app.notify(
+            f"{host.built.loaded.name} has no tool-call format of its own: its tools are "
+            "described in the system prompt and its calls held to a grammar.",
+            severity="warning",
+            timeout=8,
+        )
 
     # -- the agent --------------------------------------------------------------------------
 
@@ -219,6 +248,7 @@ class ChatPane(Vertical, can_focus=False):
         finally:
             self._starting = False
         result = await task
+        agent.tool_choices = [ToolChoice()]  # a /tool-choice holds for one message
         if result.status == "error":
             self.app.notify(f"{session.title}: {result.error}", severity="error", timeout=6)
         messages = session.messages
@@ -255,14 +285,16 @@ class ChatPane(Vertical, can_focus=False):
                 return  # shown already: the pane opened after the message was added
             view = self.view_for(event.message)
             if view is not None:
-                await self.query_one("#log").mount(view)
+                await self.log_view.query("#welcome").remove()
+                await self.log_view.mount(view)
+                self.follow()
         elif isinstance(event, TextStreamed):
             view = self.views.get(event.message["id"])
             if isinstance(view, MessageView):
                 # Only what the view lacks: one opened mid-reply showed the text so far.
                 missing = event.message["content"][len(view.content) :]
-                if missing:
-                    await view.append(missing)
+                if missing and await view.append(missing):
+                    self.follow()
         elif isinstance(event, ReasoningStreamed):
             view = self.views.get(event.message["id"])
             if isinstance(view, MessageView):
@@ -273,12 +305,10 @@ class ChatPane(Vertical, can_focus=False):
                 view.update_call(event.message)
             elif isinstance(view, MessageView):
                 meta = event.message.get("meta") or {}
-                note = "stopped" if meta.get("stopped") else None
-                note = "max tokens" if meta.get("cut") else note
-                note = f"error: {meta['error']}" if meta.get("error") else note
-                await view.finish(note)
+                await view.finish(" · ".join(message_notes(event.message)) or None)
                 if event.message["content"] and view.content != event.message["content"]:
                     await view.replace(event.message["content"])
+                self.follow()
                 if meta.get("reasoning"):
                     await view.show_reasoning(meta["reasoning"])
                 if not view.content and not meta.get("reasoning") and meta.get("tool_calls"):
@@ -296,6 +326,8 @@ class ChatPane(Vertical, can_focus=False):
         return True
 
     async def regenerate(self) -> None:
+        """Ctrl+R: a new reply to the last message; the one it replaces is set aside, and
+        /undo brings it back."""
         if self.busy:
             self.app.notify("Still answering; Esc stops it first.", severity="warning")
             return
@@ -303,10 +335,17 @@ class ChatPane(Vertical, can_focus=False):
         if not messages or messages[-1]["role"] == "user":
             self.app.notify("Nothing to regenerate yet.", severity="warning")
             return
-        while self.session.messages and self.session.messages[-1]["role"] != "user":
-            self.app.store.drop_last_message(self.session)  # the reply and its tool calls
+        self.app.store.set_aside_reply(self.session)  # the reply and its tool calls
         await self.show_session(self.session)
         self.start_reply()
+        self.app.notify("Regenerating; /undo brings the previous reply back.")
+
+    async def undo_regenerate(self) -> None:
+        if self.busy:
+            raise ValueError("still answering; Esc stops it first")
+        if not self.app.store.undo_set_aside(self.session):
+            raise ValueError("no reply was replaced here (Ctrl+R replaces one)")
+        await self.show_session(self.session)
 
     def last_reply(self) -> str | None:
         replies = [m["content"] for m in self.session.messages if m["role"] == "assistant"]
@@ -314,7 +353,7 @@ class ChatPane(Vertical, can_focus=False):
         return replies[-1] if replies else None
 
     def export(self) -> Path:
-        folder = Path(platformdirs.user_documents_dir()) / "lucedesk"
+        folder = export_dir()
         folder.mkdir(parents=True, exist_ok=True)
         safe = "".join(c if c.isalnum() or c in "-_ " else "_" for c in self.session.title)
         path = folder / f"{safe.strip() or 'session'}-{self.session.id}.md"
@@ -324,11 +363,17 @@ class ChatPane(Vertical, can_focus=False):
     # -- subagents --------------------------------------------------------------------------
 
     def start_fanout(self, count: int, task: str) -> None:
-        slots = min(self.app.host.engine.max_slots, self.agent.runtime.limits.max_children)
+        slots = self.app.host.engine.max_slots
+        children = self.agent.runtime.limits.max_children
         if not task:
             raise ValueError("say what the subagents should do: /fanout N <task>")
-        if not 1 <= count <= slots:
-            raise ValueError(f"N must be between 1 and the engine's {slots} slots")
+        if not 1 <= count <= min(slots, children):
+            why = (
+                f"one turn starts at most {children} subagents (the engine has {slots} slots)"
+                if children <= slots
+                else f"the engine has {slots} slots"
+            )
+            raise ValueError(f"N must be between 1 and {min(slots, children)}: {why}")
         if self.busy:
             raise ValueError("this pane is still answering; Esc stops it")
         self._starting = True

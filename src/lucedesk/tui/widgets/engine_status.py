@@ -1,5 +1,5 @@
 """The one-line engine status under the panes: slots in use, queue, KV pool, throughput.
-Refreshed on a timer (4 Hz) from the engine's stats snapshot, never per token."""
+Refreshed on a timer (2 Hz) from the engine's stats snapshot, never per token."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from textual.widgets import Label
 
 from lucedesk.engine import EngineStats
 
-REFRESH_S = 0.25
+REFRESH_S = 0.5
 
 
 def status_text(stats: EngineStats | None) -> str:

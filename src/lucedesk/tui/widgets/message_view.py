@@ -12,9 +12,11 @@ from textual.widgets.markdown import MarkdownStream
 
 
 class MessageView(Vertical):
-    # Markdown updates per second while a reply streams: rendering every token took a core
-    # from the engine on a 2-core machine; text arriving in between goes out with the next.
-    RENDERS_PER_SECOND = 10
+    # Markdown updates per second while a reply streams: each lays the pane out again, and
+    # on a 2-core machine the UI thread's time is taken from the engine's (10 a second cost
+    # about twice the UI time of 6; see docs/benchmarks.md). Text arriving in between goes
+    # out with the next.
+    RENDERS_PER_SECOND = 6
 
     DEFAULT_CSS = """
     MessageView { height: auto; margin: 0 0 1 0; }
@@ -71,12 +73,15 @@ class MessageView(Vertical):
     def markdown(self) -> Markdown:
         return self.query_one(Markdown)
 
-    async def append(self, text: str) -> None:
-        """Add streamed text; it is rendered at most RENDERS_PER_SECOND times a second."""
+    async def append(self, text: str) -> bool:
+        """Add streamed text; it is rendered at most RENDERS_PER_SECOND times a second.
+        True when it was rendered now."""
         self.content += text
         self._pending += text
         if time.monotonic() - self._rendered_at >= 1 / self.RENDERS_PER_SECOND:
             await self._render_pending()
+            return True
+        return False
 
     async def _render_pending(self) -> None:
         if not self._pending:

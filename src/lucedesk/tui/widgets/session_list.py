@@ -6,10 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rich.text import Text
+from textual.binding import Binding
 from textual.widgets import Tree
 
 from lucedesk.store import Session
-from lucedesk.tui.messages import SessionChosen
+from lucedesk.tui.messages import SessionChosen, SessionDeleteAsked, SessionRenameAsked
 
 MARKS = {
     "running": "●",
@@ -19,15 +20,31 @@ MARKS = {
     "interrupted": "!",
     "step_limit": "…",
 }
+MEANINGS = {
+    "running": "running, with its phase",
+    "done": "done",
+    "cancelled": "stopped",
+    "error": "failed",
+    "interrupted": "interrupted (lucedesk was closed mid-reply)",
+    "step_limit": "stopped at the step limit",
+}
+LEGEND = " · ".join(f"{MARKS[k]} {MEANINGS[k].split(',')[0].split(' (')[0]}" for k in MARKS)
 
 
 class SessionList(Tree[int]):
     DEFAULT_CSS = """
     SessionList { width: 30; border: round $panel; }
     """
+    BINDINGS = [
+        Binding("r", "rename", "Rename"),
+        Binding("delete", "delete", "Delete"),
+    ]
 
     def __init__(self, phase: Callable[[int], str | None], **kwargs) -> None:
         super().__init__("sessions", **kwargs)
+        self.border_title = "sessions"
+        self.border_subtitle = "r rename · Del delete"
+        self.tooltip = LEGEND
         self.show_root = False
         self.guide_depth = 2
         self._phase = phase  # a running session's phase, by id (None when it is not running)
@@ -82,6 +99,16 @@ class SessionList(Tree[int]):
 
     def node_of(self, session_id: int):
         return next((n for n in self.all_nodes() if n.data == session_id), None)
+
+    def action_rename(self) -> None:
+        node = self.cursor_node
+        if node is not None and node.data is not None:
+            self.post_message(SessionRenameAsked(node.data))
+
+    def action_delete(self) -> None:
+        node = self.cursor_node
+        if node is not None and node.data is not None:
+            self.post_message(SessionDeleteAsked(node.data))
 
     def on_tree_node_selected(self, event: Tree.NodeSelected) -> None:
         event.stop()

@@ -1,5 +1,5 @@
 """The slot monitor: one row per busy slot and one for all idle slots, the KV pool,
-throughput, queue and preemptions. Refreshed on a timer (2 Hz) from the engine's stats
+throughput, queue and preemptions. Refreshed on a timer (1 Hz) from the engine's stats
 snapshot, never per token."""
 
 from __future__ import annotations
@@ -15,8 +15,12 @@ from textual.widgets import DataTable, Label, ProgressBar, Sparkline
 from lucedesk.engine import EngineStats, SlotStats
 from lucedesk.tui.remote import remote_slots
 
-REFRESH_S = 0.5  # each redraw takes the engine's cores from it: twice a second is enough
+REFRESH_S = 1.0  # each redraw takes the engine's cores from it: once a second is enough
 REMOTE_REFRESH_S = 1.0
+LEGEND = (
+    "context: the tokens a slot holds (system prompt, tool descriptions, the conversation, "
+    "its reply so far) · blocks: its share of the KV pool · tok/s: over the last 2 s"
+)
 
 
 def phase_text(slot: SlotStats) -> str:
@@ -69,11 +73,12 @@ class SlotMonitor(Vertical):
     SlotMonitor > DataTable { height: 1fr; }
     SlotMonitor #pool { height: 1; }
     SlotMonitor #pool ProgressBar { width: 40; }
-    SlotMonitor #rate { height: 3; }
-    SlotMonitor Sparkline { width: 1fr; }
+    SlotMonitor Sparkline { width: 1fr; height: 2; margin: 0 1; }
     SlotMonitor Label { padding: 0 1; }
     SlotMonitor #kv-text { width: 1fr; }
-    SlotMonitor #summary { width: 72; }
+    SlotMonitor #summary, SlotMonitor #legend { width: 1fr; height: 1; text-wrap: nowrap;
+                                                text-overflow: ellipsis; }
+    SlotMonitor #legend { color: $text-muted; }
     """
 
     def __init__(
@@ -94,9 +99,9 @@ class SlotMonitor(Vertical):
             yield Label("KV", id="kv-label")
             yield ProgressBar(total=1, show_eta=False, show_percentage=True, id="kv")
             yield Label("", id="kv-text")
-        with Horizontal(id="rate"):
-            yield Sparkline(list(self._rates), summary_function=max)
-            yield Label("", id="summary")
+        yield Sparkline(list(self._rates), summary_function=max)
+        yield Label("", id="summary")
+        yield Label(LEGEND, id="legend")
         yield Label("", id="remote")
 
     def on_mount(self) -> None:

@@ -9,6 +9,7 @@ from textual.content import Content
 from textual.widgets import Collapsible, Static
 
 PREVIEW_LINES = 24
+STATES = ("running", "error", "done")
 
 
 def brief_arguments(arguments: str, width: int = 60) -> str:
@@ -33,7 +34,7 @@ class ToolCallView(Collapsible):
     def __init__(self, message: dict) -> None:
         self.message = message
         super().__init__(Static("", id="body", markup=False), title=self.heading(), collapsed=True)
-        self.set_classes(self.state())
+        self.add_class(self.state())
 
     def state(self) -> str:
         status = self.message.get("status")
@@ -70,5 +71,7 @@ class ToolCallView(Collapsible):
     def update_call(self, message: dict) -> None:
         self.message = message
         self.title = self.heading()
-        self.set_classes(self.state())
+        # Only the state's own classes: Collapsible folds itself with a class of its own.
+        self.remove_class(*STATES)
+        self.add_class(self.state())
         self.query_one("#body", Static).update(self.body_text())
