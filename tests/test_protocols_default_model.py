@@ -382,3 +382,29 @@ def test_tokenize_detokenize_apply_template_and_models(serve):
         json={"model": "other", "messages": [{"role": "user", "content": "x"}]},
     )
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+
+
+def test_a_cut_reply_is_continued_in_place(oai):
+    """vLLM's continue_final_message: the prompt ends inside the last assistant message, so
+    the model writes on from its text (greedy: the same as had it not been cut)."""
+    ask = [{"role": "user", "content": "Count from 1 to 10, separated by commas."}]
+    whole = oai.chat.completions.create(model="default", messages=ask, max_tokens=40, temperature=0)
+    text = whole.choices[0].message.content
+    assert "4, 5" in text
+    cut = text[: text.index("4,") + 2]
+    more = oai.chat.completions.create(
+        model="default",
+        messages=[*ask, {"role": "assistant", "content": cut}],
+        max_tokens=12,
+        temperature=0,
+        extra_body={"continue_final_message": True, "add_generation_prompt": False},
+    )
+    assert (cut + more.choices[0].message.content).startswith(text[: len(cut) + 6])
+    with pytest.raises(openai.BadRequestError) as refused:  # the last message must be a reply
+        oai.chat.completions.create(
+            model="default",
+            messages=ask,
+            max_tokens=4,
+            extra_body={"continue_final_message": True},
+        )
+    assert refused.value.body["param"] == "messages[0]"

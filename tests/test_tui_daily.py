@@ -194,6 +194,23 @@ async def test_sessions_stay_tidy_and_come_back_as_they_were(env):
         pane = screen.panes[0]
         titles = [str(v.query_one("Label").render()) for v in pane.query(MessageView)]
         assert titles[-1] == "assistant · stopped"  # the mark survives the reload
+        stopped = pane.session.messages[-1]["content"]
+        # /continue writes on in the same message (after a restart too), ending as any reply
+        count = len(pane.session.messages)
+        await type_and_send(pilot, pane, "/continue")
+        await wait_for(pilot, lambda: not pane.busy and pane.session.status == "done")
+        assert len(pane.session.messages) == count
+        continued = pane.session.messages[-1]
+        assert continued["content"].startswith(stopped.rstrip())
+        assert len(continued["content"]) > len(stopped.rstrip())
+        assert "stopped" not in continued["meta"]
+        await type_and_send(pilot, pane, "/undo")
+        assert "no reply was replaced here" in notices(app)
+        assert pane.query_one(ChatInput).text == "/undo"  # a failed command stays to edit
+        pane.query_one(ChatInput).clear()
+        await pilot.pause(0.2)
+        titles = [str(v.query_one("Label").render()) for v in pane.query(MessageView)]
+        assert titles[-1] == "assistant · max tokens"
         # a draft belongs to its session: switching the pane away and back keeps it
         box = pane.query_one(ChatInput)
         box.focus()

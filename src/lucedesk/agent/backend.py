@@ -104,6 +104,9 @@ def wire_body(req: TurnRequest, model: str) -> dict:
         body["parallel_tool_calls"] = req.parallel_tool_calls
     if req.reasoning is not None:
         body["reasoning_effort"] = req.reasoning
+    if req.continue_final:  # vLLM's names, which lucedesk serve takes too
+        body["continue_final_message"] = True
+        body["add_generation_prompt"] = False
     if req.response_format is not None:
         schema = json.loads(req.response_format.source)
         body["response_format"] = {

@@ -164,15 +164,31 @@ class AgentSession:
         self.runtime.emit(MessageAdded(self, message))
         return await self.run()
 
-    async def run(self) -> AgentResult:
-        """The loop, from the conversation as it stands."""
+    async def continue_reply(self) -> AgentResult:
+        """The last reply, cut short (stopped, at max tokens, by a crash), written on from
+        where it stopped, in the same message; then the loop goes on as after any turn."""
+        last = self.continuable()
+        if last is None:
+            raise ValueError("the last message is not a reply cut short")
+        return await self.run(continued=last)
+
+    def continuable(self) -> dict | None:
+        """The last message, if it is a reply with text that a turn can write on from."""
+        last = self.record.messages[-1] if self.record.messages else None
+        if last is None or last["role"] != "assistant" or not last["content"].strip():
+            return None
+        return None if (last.get("meta") or {}).get("tool_calls") else last
+
+    async def run(self, continued: dict | None = None) -> AgentResult:
+        """The loop, from the conversation as it stands (`continued`: the first turn writes on
+        from that reply)."""
         self._cancelled = self._cancelled and self._task is None  # a cancel before the run holds
         self._task = asyncio.current_task()
         try:
             if self._cancelled:
                 raise asyncio.CancelledError
             self._set_phase("starting", "running")
-            return await self._loop()
+            return await self._loop(continued)
         except asyncio.CancelledError:
             return self._cancelled_result()
         except Exception as exc:  # a bug or a broken setup (a workspace gone): said, not raised
@@ -191,11 +207,11 @@ class AgentSession:
         self._set_phase("error", "error")
         return AgentResult("error", "", f"{type(exc).__name__}: {exc}")
 
-    async def _loop(self) -> AgentResult:
+    async def _loop(self, continued: dict | None = None) -> AgentResult:
         limits = self.runtime.limits
         for step in range(limits.max_steps):
             choice = self.tool_choices[min(step, len(self.tool_choices) - 1)]
-            result = await self._model_turn(choice)
+            result = await self._model_turn(choice, continued=continued if step == 0 else None)
             if result.finish == "error":
                 self._set_phase("error", "error")
                 return AgentResult("error", result.text, result.error)
@@ -251,12 +267,21 @@ class AgentSession:
         tools_on: bool = True,
         response_format: Grammar | None = None,
         max_tokens: int | None = None,
+        continued: dict | None = None,
     ) -> TurnResult:
         tools = self.tools() if tools_on else []
+        if continued is not None:  # the text as the template keeps it (trailing space trimmed)
+            continued["content"] = continued["content"].rstrip()
         req = self.turn_request(choice, tools, response_format, max_tokens)
         s = self.record
-        reply = self.store.begin_reply(s)
-        self.runtime.emit(MessageAdded(self, reply))
+        if continued is None:
+            reply = self.store.begin_reply(s)
+            self.runtime.emit(MessageAdded(self, reply))
+        else:
+            req.continue_final = True
+            reply = continued
+            self.store.update_reply(reply, reply["content"], "streaming", {})
+        before = reply["content"]
         self._set_phase("reading")  # queued, then the prompt is read (prefill)
         saved_at = time.monotonic()
         text: list[str] = []
@@ -303,7 +328,8 @@ class AgentSession:
             meta["error"] = result.error
         elif result.finish == "length":
             meta["cut"] = True  # max tokens reached
-        self.store.update_reply(reply, result.text or reply["content"], "done", meta)
+        text = before + result.text if continued is not None else result.text
+        self.store.update_reply(reply, text or reply["content"], "done", meta)
         self.runtime.emit(MessageDone(self, reply))
         return result
 

@@ -33,6 +33,7 @@ class ChatEncoder:
         parallel_tool_calls: bool = True,
         response_format: Grammar | None = None,
         reasoning: str | None = None,
+        continue_final: bool = False,
     ) -> ChatPrompt:
         """The prompt for a chat (tools rendered in the model's own format) and the grammar
         its reply must follow: the tool-call grammar for `tool_choice`, the response format,
@@ -89,6 +90,7 @@ class ChatEncoder:
             self.tool_format,
             tools,
             reasoning_switch(self.reasoning_format, reasoning),
+            continue_final,
         )
         token_ids = self.tokenizer.encode(text, add_special_tokens=False)
         if grammar is not None:

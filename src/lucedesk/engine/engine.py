@@ -121,11 +121,18 @@ class Engine:
         parallel_tool_calls: bool = True,
         response_format: Grammar | None = None,
         reasoning: str | None = None,
+        continue_final: bool = False,
     ) -> ChatPrompt:
         """The prompt for a chat and the grammar its reply must follow (chat_encoder.py);
         raises RequestError naming the bad field."""
         return self.chat.encode(
-            messages, tools, tool_choice, parallel_tool_calls, response_format, reasoning
+            messages,
+            tools,
+            tool_choice,
+            parallel_tool_calls,
+            response_format,
+            reasoning,
+            continue_final,
         )
 
     @property

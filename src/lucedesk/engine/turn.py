@@ -55,6 +55,9 @@ class TurnRequest:
     # How hard a reasoning model thinks: "none", "low", "medium", "high" (reasoning.LEVELS);
     # None: the model's default.
     reasoning: str | None = None
+    # The last message is an assistant reply cut short: the model writes on from its text
+    # (the result holds what comes after it).
+    continue_final: bool = False
     prompt_ids: list[int] | None = None
     prompt_text: str | None = None  # a raw completion's prompt, tokenized with the turn
     max_tokens: int | None = None
@@ -136,6 +139,7 @@ def encode(engine: Engine, req: TurnRequest):
         req.parallel_tool_calls,
         req.response_format,
         req.reasoning,
+        req.continue_final,
     )
     return prompt.token_ids, prompt.grammar, prompt.parser(), prompt.strict
 

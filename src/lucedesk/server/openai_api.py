@@ -59,6 +59,7 @@ def routes(served: Served) -> APIRouter:
             parallel_tool_calls=body.parallel_tool_calls is not False and not body.legacy_functions,
             response_format=wire.grammar_of(body.response_format),
             reasoning=wire.reasoning_of(body),
+            continue_final=body.continue_final_message,
             logprobs=(body.top_logprobs or 0) if body.logprobs else None,
             **sampling_of(body, body.max_completion_tokens or body.max_tokens),
         )

@@ -107,6 +107,10 @@ async def model(pane: ChatPane, rest: str) -> None:
     pane.app.switch_model(rest)
 
 
+async def continue_(pane: ChatPane, rest: str) -> None:
+    pane.continue_reply()
+
+
 async def undo(pane: ChatPane, rest: str) -> None:
     await pane.undo_regenerate()
 
@@ -134,6 +138,7 @@ COMMANDS = [
     Command("temp", "<0-2>", "sampling temperature", temp),
     Command("max", "<tokens>", "the most tokens a reply may have", max_tokens),
     Command("title", "<name>", "rename this session", title),
+    Command("continue", "", "write on from a reply cut short (Esc, max tokens)", continue_),
     Command("undo", "", "bring back the reply Ctrl+R replaced", undo),
     Command("export", "", "write this session to Markdown", export),
     Command("backend", "<url|local>", "send this session to another server", backend),

@@ -156,11 +156,32 @@ def render_prompt(
     tool_format: ToolFormat | None = None,
     tools: list[Tool] | None = None,
     template_vars: dict | None = None,
+    continue_final: bool = False,
 ) -> str:
     """The prompt text for `messages`, in the neutral shape of tool_calls.py where they
     carry tool calls, results or reasoning; `tool_format` renders those and `tools` the
-    model's way (needed whenever a message holds a call or a result)."""
+    model's way (needed whenever a message holds a call or a result). `continue_final`:
+    the last message is an assistant reply cut short, and the prompt ends inside it, right
+    after its text, so the model writes on (vLLM's continue_final_message)."""
     template_tools: list = []
     if tool_format is not None:
         messages, template_tools = tool_format.render_messages(messages, tools or [])
-    return render_chat(tokenizer, messages, tools=template_tools, template_vars=template_vars)
+    text = render_chat(
+        tokenizer,
+        messages,
+        add_generation_prompt=not continue_final,
+        tools=template_tools,
+        template_vars=template_vars,
+    )
+    if not continue_final:
+        return text
+    final = messages[-1] if messages else {}
+    content = final.get("content") or ""
+    at = text.rfind(content) if content else -1
+    if final.get("role") != "assistant" or at < 0:
+        raise RequestError(
+            "continuing the final message needs it to be an assistant reply with text the "
+            "chat template keeps",
+            f"messages[{len(messages) - 1}]",
+        )
+    return text[: at + len(content)]

@@ -340,6 +340,16 @@ class ChatPane(Vertical, can_focus=False):
         self.start_reply()
         self.app.notify("Regenerating; /undo brings the previous reply back.")
 
+    def continue_reply(self) -> None:
+        """/continue: the last reply, cut short, written on from where it stopped."""
+        if self.busy:
+            raise ValueError("still answering; Esc stops it first")
+        if self.agent.continuable() is None:
+            raise ValueError("the last message is not a reply to continue")
+        self._starting = True
+        work = self.run_agent(self.agent.continue_reply(), take_back=False)
+        self.run_worker(work, group="agent", exit_on_error=False)
+
     async def undo_regenerate(self) -> None:
         if self.busy:
             raise ValueError("still answering; Esc stops it first")

@@ -102,5 +102,5 @@ class MessageView(Vertical):
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None
-        if note:
-            self.query_one(Label).update(f"{self.title} · {note}")
+        self.title = f"{self.role} · {note}" if note else self.role
+        self.query_one(Label).update(self.title)
