@@ -93,3 +93,6 @@ class KeysScreen(ModalScreen[None]):
             with VerticalScroll():
                 for t in self.tables:
                     yield Static(t)
+
+    def on_mount(self) -> None:
+        self.query_one(VerticalScroll).focus()  # arrows and Page Up/Down scroll it
