@@ -84,6 +84,7 @@ def random_case(seed: int) -> None:
         prefill_chunk_decoding=rng.randint(1, 16),
         decode_headroom_tokens=rng.choice([0, 1, 8]),
         prefix_cache=rng.random() < 0.7,
+        background_every=rng.choice([1, 2, 6]),
     )
     shared = [rng.randrange(1000) for _ in range(rng.choice([0, 8, 40]))]
     num_blocks = rng.randint(8, 40)
@@ -99,6 +100,7 @@ def random_case(seed: int) -> None:
         stop = 1000 + rng.randrange(1000) if rng.random() < 0.3 else None
         prefix = shared if rng.random() < 0.5 else None
         req = make_request(f"r{i}", prompt, out, stop, prefix)
+        req.interactive = rng.random() < 0.3  # watched: the others may skip steps
         if blocks_for(req.num_prompt_tokens + out, config.block_size) > num_blocks:
             continue
         pending.append((rng.randint(0, 30), req))
@@ -148,6 +150,30 @@ def config(**kw) -> EngineConfig:
     )
     base.update(kw)
     return EngineConfig(**base)
+
+
+def test_a_watched_request_decodes_every_step_and_no_background_one_stops():
+    """While an interactive request decodes, background ones join every background_every-th
+    step (decode rows and prompt chunks alike); once it ends, every step again."""
+    sched = Scheduler(config(max_slots=4, background_every=3), num_blocks=64, max_model_len=1000)
+    watched = make_request("watched", 4, 30)
+    watched.interactive = True
+    background = [make_request(f"bg{i}", 4, 60) for i in range(3)]
+    for req in [watched, *background]:
+        sched.add(req)
+    steps: list[set[str]] = []
+    while not watched.finished:
+        plan = run_step(sched)
+        steps.append({r.request.request_id for r in plan.rows})
+    decoding = [s for s in steps if "watched" in s]
+    assert len(decoding) == len(steps)  # every step, from its first
+    gaps = [i for i, s in enumerate(steps) if "bg0" in s]
+    assert max(b - a for a, b in zip(gaps, gaps[1:])) <= 3  # never more than 3 apart
+    assert len(gaps) < len(steps) / 2  # ...and not every step
+    progress = [r.num_output_tokens for r in background]
+    plan = run_step(sched)  # nothing watched now: everyone, every step
+    assert {r.request.request_id for r in plan.decodes} == {"bg0", "bg1", "bg2"}
+    assert all(r.num_output_tokens == p + 1 for r, p in zip(background, progress))
 
 
 def test_decode_rows_first_then_chunks_oldest_first():

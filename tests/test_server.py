@@ -203,33 +203,48 @@ def test_32_concurrent_streams_get_exact_counts(server, client):
     assert not failures and counts == [0] * 32
 
 
+LONG_STREAM = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "go"}],
+    "max_tokens": 900,
+    "stream": True,
+    "ignore_eos": True,
+}
+
+
+def slots_of(http: httpx.Client, owner: str) -> list[dict]:
+    return [s for s in http.get("/slots").json()["slots"] if s["owner"] == owner]
+
+
 def test_disconnect_mid_stream_frees_the_slot(server):
     running, engine = server
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "go"}],
-        "max_tokens": 900,
-        "stream": True,
-        "ignore_eos": True,
-    }
     with httpx.Client(base_url=running.url, timeout=30) as http:
-        with http.stream(
-            "POST", "/v1/chat/completions", json=body, headers={"X-Lucedesk-Client": "disconnector"}
-        ) as r:
+        headers = {"X-Lucedesk-Client": "disconnector"}
+        with http.stream("POST", "/v1/chat/completions", json=LONG_STREAM, headers=headers) as r:
             lines = r.iter_lines()
             for _ in range(6):
                 next(lines)
-            busy = http.get("/slots").json()["slots"]
-            assert any(s["owner"] == "http:disconnector" for s in busy)
+            assert slots_of(http, "http:disconnector")
         # Leaving the block closes the connection mid-stream.
-        wait_until(
-            lambda: (
-                not any(
-                    s["owner"] == "http:disconnector" for s in http.get("/slots").json()["slots"]
-                )
-            )
-        )
+        wait_until(lambda: not slots_of(http, "http:disconnector"))
         wait_until(lambda: http.get("/slots").json()["blocks_used"] == 0)
+
+
+def test_a_client_asks_for_an_interactive_slot_by_header(server):
+    running, _ = server
+    with httpx.Client(base_url=running.url, timeout=30) as http:
+        asks = {"X-Lucedesk-Client": "watched", "X-Lucedesk-Priority": "interactive"}
+        with http.stream("POST", "/v1/chat/completions", json=LONG_STREAM, headers=asks) as r:
+            lines = r.iter_lines()
+            for _ in range(4):
+                next(lines)
+            assert [s["interactive"] for s in slots_of(http, "http:watched")] == [True]
+        bad = http.post(
+            "/v1/chat/completions", json=LONG_STREAM, headers={"X-Lucedesk-Priority": "urgent"}
+        )
+        assert bad.status_code == 400
+        assert bad.json()["error"]["param"] == "X-Lucedesk-Priority"
+        assert "interactive or background" in bad.json()["error"]["message"]
 
 
 def test_owner_label_from_user_agent(server, client):
@@ -475,13 +490,7 @@ def test_queue_limit_gives_503_and_loses_nothing(loaded):
 
 def test_sse_wire_format(server):
     running, _ = server
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "x"}],
-        "max_tokens": 3,
-        "stream": True,
-        "ignore_eos": True,
-    }
+    body = {**LONG_STREAM, "max_tokens": 3}
     with httpx.stream("POST", running.url + "/v1/chat/completions", json=body) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
         events = [line for line in r.iter_lines() if line]

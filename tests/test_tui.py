@@ -163,7 +163,8 @@ async def test_two_panes_generate_at_once(env):
         phases = [table.get_row_at(i)[2] for i in range(table.row_count)]
         owners = {table.get_row_at(i)[1] for i in range(table.row_count)}
         assert phases.count("decode") == 2
-        assert {first.agent.owner, second.agent.owner} <= owners
+        # each was sent from the focused pane: watched, marked »
+        assert {f"» {first.agent.owner}", f"» {second.agent.owner}"} <= owners
         await pilot.press("escape")  # the focused pane (the second) stops
         await wait_for(pilot, lambda: not second.busy)
         assert first.busy

@@ -46,7 +46,9 @@ def scripted(app, script) -> ScriptedBackend:
     """The app's local sessions answered by `script` (on the app's own engine)."""
     backend = ScriptedBackend(app.host.engine, [1, 2, 3], script)
     agents = app.agents
-    agents.runtimes[""] = Runtime(backend, app.store, agents.approvals, [], agents.observe)
+    agents.runtimes[""] = Runtime(
+        backend, app.store, agents.approvals, [], agents.observe, watched=agents.watched
+    )
     return backend
 
 
@@ -295,6 +297,7 @@ async def test_tool_choice_phases_and_fanout_limits(env):
         await type_and_send(pilot, pane, "and again")
         await wait_for(pilot, lambda: replied(pane, 4) and not pane.busy)
         assert [r.tool_choice.mode for _, r in backend.requests] == ["none", "auto"]
+        assert all(r.interactive for _, r in backend.requests)  # the focused pane's: watched
         assert "reading" in phases and "writing" in phases
         await type_and_send(pilot, pane, "/tools read")
         assert "has no tool-call format of its own" in notices(app)

@@ -107,7 +107,7 @@ async def test_monitor_folds_idle_slots_into_one_row(env):
         monitor.refresh_stats()
         rows = [table.get_row_at(i) for i in range(table.row_count)]
         assert len(rows) == 2
-        assert rows[0][1] == pane.agent.owner
+        assert rows[0][1] == f"» {pane.agent.owner}"  # the focused pane's: watched
         assert rows[1][1:3] == ["", "3 idle"]
         pane.stop()
         await wait_for(pilot, lambda: not pane.busy)

@@ -38,12 +38,17 @@ class EngineConfig:
     # not say, and the longest draft a step verifies for one request.
     prompt_lookup: bool = False
     prompt_lookup_tokens: int = 8
+    # While an interactive request decodes (the focused pane, an HTTP request that asks),
+    # background requests (subagents, fan-out, other clients) join one step in this many:
+    # the one a person watches keeps its pace, and no background request stops.
+    background_every: int = 10
 
     def validate(self, source: str = "engine config") -> EngineConfig:
         def fail(key: str, rule: str) -> ConfigError:
             return ConfigError(f"{source}: {key} {rule} (got {getattr(self, key)!r})")
 
         positive = (
+            "background_every",
             "max_slots",
             "block_size",
             "max_num_batched_tokens",

@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -78,6 +79,9 @@ class Runtime:
     extra_tools: list[ToolSpec] = field(default_factory=list)  # MCP servers' tools
     observer: Observer | None = None
     limits: Limits = field(default_factory=Limits)
+    # Whether someone watches a session now (the TUI: the one in the focused pane); its
+    # model turns then keep their pace beside background work. None: nobody does.
+    watched: Callable[[AgentSession], bool] | None = None
 
     def emit(self, event) -> None:
         if self.observer is not None:
@@ -259,6 +263,7 @@ class AgentSession:
             max_tokens=max_tokens or s.max_tokens,
             temperature=s.temperature,
             top_p=0.95 if s.temperature else 1.0,
+            interactive=self.runtime.watched is not None and self.runtime.watched(self),
         )
 
     async def _model_turn(

@@ -168,8 +168,11 @@ class Engine:
         params: SamplingParams,
         owner: str = "",
         request_id: str | None = None,
+        interactive: bool = False,
     ) -> RequestHandle:
-        """Queue a request; raises RequestError at once if it could never run."""
+        """Queue a request; raises RequestError at once if it could never run. An
+        `interactive` one (someone watches it) decodes every step; the rest may wait a few
+        while it does (EngineConfig.background_every)."""
         if self._stopping:
             raise RequestError("the engine is shutting down")
         params.validate()
@@ -185,7 +188,14 @@ class Engine:
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids.update(self.tokenizer.stop_token_ids)
-        req = Request(rid, list(prompt_ids), params, owner=owner, stop_ids=frozenset(stop_ids))
+        req = Request(
+            rid,
+            list(prompt_ids),
+            params,
+            owner=owner,
+            interactive=interactive,
+            stop_ids=frozenset(stop_ids),
+        )
         self.scheduler.check_fits(req)
         config = self.scheduler.config
         speculate = config.prompt_lookup if params.speculative is None else params.speculative

@@ -114,6 +114,7 @@ class Request:
     prompt_ids: list[int]
     params: SamplingParams
     owner: str = ""
+    interactive: bool = False  # someone watches it: the scheduler keeps its pace first
     stop_ids: frozenset[int] = frozenset()  # model's end tokens (unless ignore_eos) + params'
     # The llguidance matcher of `params.grammar` (engine/grammar.py); it has consumed every
     # output token, so preemption and prefix adoption (which touch only KV) leave it valid.

@@ -113,9 +113,15 @@ class Scheduler:
         for req in [r for r in self.waiting if r.cancel_requested]:
             self.finish(req, FinishReason.CANCELLED)
 
+        # While an interactive request decodes, the others join every background_every-th
+        # step: the watched stream's steps stay short, and each background one still moves.
+        watched = any(r.interactive and r.phase is Phase.DECODE for r in self.running)
+        everyone = not watched or self.step % self.config.background_every == 0
         for req in list(self.running):
             if req.slot is None or req.phase is not Phase.DECODE:
                 continue  # preempted earlier in this loop, or still prefilling
+            if not (everyone or req.interactive):
+                continue
             if self._reserve_next_block(req):
                 plan.decodes.append(ScheduledRow(req, req.num_computed_tokens, 1, True))
         self._add_drafts(plan)
@@ -128,11 +134,13 @@ class Scheduler:
         for req in self.running:
             if budget <= 0:
                 break
-            if req.phase is Phase.PREFILL:
+            if req.phase is Phase.PREFILL and (everyone or req.interactive):
                 budget -= self._schedule_chunk(plan, req, budget)
 
         while self.waiting and budget > 0 and self.free_slots:
             req = self.waiting[0]
+            if not (everyone or req.interactive):
+                break  # strict FIFO: the head waits for a background step, and so do those behind
             if not self._admit(req):
                 break  # strict FIFO: nothing overtakes the head
             self.waiting.popleft()

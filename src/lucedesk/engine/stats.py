@@ -47,6 +47,7 @@ class SlotStats:
     slot: int
     request_id: str | None = None
     owner: str = ""
+    interactive: bool = False  # someone watches it: it decodes every step
     phase: str = "idle"  # idle | prefill | decode
     prompt_tokens: int = 0
     computed_tokens: int = 0  # positions whose KV is cached
@@ -192,6 +193,7 @@ class StatsCollector:
             slot=slot,
             request_id=req.request_id,
             owner=req.owner,
+            interactive=req.interactive,
             phase=req.phase.value,
             prompt_tokens=req.num_prompt_tokens,
             computed_tokens=req.num_computed_tokens,

@@ -58,6 +58,7 @@ class TurnRequest:
     # The last message is an assistant reply cut short: the model writes on from its text
     # (the result holds what comes after it).
     continue_final: bool = False
+    interactive: bool = False  # someone watches it (Engine.submit)
     prompt_ids: list[int] | None = None
     prompt_text: str | None = None  # a raw completion's prompt, tokenized with the turn
     max_tokens: int | None = None
@@ -178,7 +179,7 @@ def submit_turn(engine: Engine, req: TurnRequest, owner: str) -> Turn:
             raise
         raise RequestError(name + str(exc).removeprefix(exc.field or ""), name) from None
     params = dataclasses.replace(params, stop=engine_stops)
-    handle = engine.submit(prompt_ids, params, owner=owner)
+    handle = engine.submit(prompt_ids, params, owner=owner, interactive=req.interactive)
     return Turn(engine, handle, parser, strict, free_stops)
 
 

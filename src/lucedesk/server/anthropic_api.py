@@ -24,11 +24,10 @@ from lucedesk.engine import (
     TurnEnd,
     TurnRequest,
     TurnResult,
-    start_turn,
 )
 from lucedesk.server.errors import TEXT_ONLY, APIError, not_text
 from lucedesk.server.replies import Json, TurnStream, dumps
-from lucedesk.server.served import Served, owner_label
+from lucedesk.server.served import Served, start_client_turn
 
 log = logging.getLogger(__name__)
 
@@ -325,7 +324,7 @@ def routes(served: Served) -> APIRouter:
     async def messages(body: MessagesRequest, request: Request):
         served.check_model(body.model)
         choice, parallel = tool_choice_of(body.tool_choice)
-        turn = await start_turn(
+        turn = await start_client_turn(
             served.engine(),
             TurnRequest(
                 messages=messages_of(body),
@@ -341,7 +340,7 @@ def routes(served: Served) -> APIRouter:
                 response_format=output_format_of(body),
                 field_names={"stop": "stop_sequences"},
             ),
-            owner_label(request),
+            request,
         )
         mid = "msg_" + uuid.uuid4().hex[:24]
         omitted = body.thinking is not None and body.thinking.display == "omitted"

@@ -25,12 +25,11 @@ from lucedesk.engine import (
     ToolCall,
     TurnEnd,
     TurnRequest,
-    start_turn,
 )
 from lucedesk.server.errors import IMAGES, APIError
 from lucedesk.server.openai_wire import NamedToolChoice, tool_choice_of
 from lucedesk.server.replies import Json, TurnStream, dumps
-from lucedesk.server.served import Served, owner_label
+from lucedesk.server.served import Served, start_client_turn
 
 # The Ollama API release whose routes and shapes this adapter follows (clients compare it).
 OLLAMA_API_VERSION = "0.12.0"
@@ -278,7 +277,7 @@ def routes(served: Served) -> APIRouter:
         served.check_model(body.model)
         if not body.messages:  # Ollama's way to load a model: answer at once
             return Json(_done_line(served.model_id, "load", 0, 0, 0.0, chat=True))
-        turn = await start_turn(
+        turn = await start_client_turn(
             served.engine(),
             TurnRequest(
                 messages=messages_of(body),
@@ -288,7 +287,7 @@ def routes(served: Served) -> APIRouter:
                 reasoning=reasoning_of(body.think, served),
                 **sampling_of(body.options),
             ),
-            owner_label(request),
+            request,
         )
         return await answer(turn, body.stream, served.model_id, request, chat=True)
 
@@ -306,7 +305,7 @@ def routes(served: Served) -> APIRouter:
             messages = [{"role": "system", "content": body.system}] if body.system else []
             messages.append({"role": "user", "content": body.prompt})
             request_fields = {"messages": messages}
-        turn = await start_turn(
+        turn = await start_client_turn(
             eng,
             TurnRequest(
                 **request_fields,
@@ -315,7 +314,7 @@ def routes(served: Served) -> APIRouter:
                 reasoning=reasoning_of(body.think, served),
                 **sampling_of(body.options),
             ),
-            owner_label(request),
+            request,
         )
         return await answer(turn, body.stream, served.model_id, request, chat=False)
 

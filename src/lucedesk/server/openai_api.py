@@ -16,14 +16,13 @@ from lucedesk.engine import (
     Turn,
     TurnEnd,
     TurnRequest,
-    start_turn,
 )
 from lucedesk.server import errors
 from lucedesk.server import openai_wire as wire
 from lucedesk.server.errors import APIError
 from lucedesk.server.openai_wire import ChatCompletionRequest, CompletionRequest, SamplingFields
 from lucedesk.server.replies import Json, TurnStream, dumps
-from lucedesk.server.served import Served, owner_label
+from lucedesk.server.served import Served, start_client_turn
 
 
 def sampling_of(body: SamplingFields, max_tokens: int | None) -> dict:
@@ -63,7 +62,7 @@ def routes(served: Served) -> APIRouter:
             logprobs=(body.top_logprobs or 0) if body.logprobs else None,
             **sampling_of(body, body.max_completion_tokens or body.max_tokens),
         )
-        turn = await start_turn(served.engine(), turn_request, owner_label(request))
+        turn = await start_client_turn(served.engine(), turn_request, request)
         reply = Reply(served, turn, True, bool(body.logprobs), body.legacy_functions)
         return await reply.answer(body, request)
 
@@ -86,7 +85,7 @@ def routes(served: Served) -> APIRouter:
             logprobs=body.logprobs,
             **sampling_of(body, body.max_tokens),
         )
-        turn = await start_turn(engine, turn_request, owner_label(request))
+        turn = await start_client_turn(engine, turn_request, request)
         reply = Reply(served, turn, chat=False, logprobs=body.logprobs is not None)
         return await reply.answer(body, request)
 

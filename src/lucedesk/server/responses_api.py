@@ -25,11 +25,10 @@ from lucedesk.engine import (
     TurnEnd,
     TurnRequest,
     TurnResult,
-    start_turn,
 )
 from lucedesk.server.errors import TEXT_ONLY, APIError, not_text
 from lucedesk.server.replies import Json, TurnStream, dumps
-from lucedesk.server.served import Served, owner_label
+from lucedesk.server.served import Served, start_client_turn
 
 log = logging.getLogger(__name__)
 
@@ -463,7 +462,7 @@ def routes(served: Served) -> APIRouter:
                 "previous_response_id",
             )
         choice = body.tool_choice
-        turn = await start_turn(
+        turn = await start_client_turn(
             served.engine(),
             TurnRequest(
                 messages=messages_of(body),
@@ -480,7 +479,7 @@ def routes(served: Served) -> APIRouter:
                 prompt_field="input",
                 field_names={"max_tokens": "max_output_tokens"},
             ),
-            owner_label(request),
+            request,
         )
         response = Response(body, served.model_id)
         if body.stream:

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from lucedesk.engine import Engine
+from lucedesk.engine import Engine, Turn, TurnRequest, start_turn
 from lucedesk.server.errors import APIError
 
 CLIENT_HEADER = "x-lucedesk-client"
+PRIORITY_HEADER = "x-lucedesk-priority"  # interactive | background (the default)
 DEFAULT_NAME = "default"
 
 
@@ -54,3 +55,17 @@ def owner_label(request: Request) -> str:
     label = request.headers.get(CLIENT_HEADER) or request.headers.get("user-agent") or "client"
     label = label.split()[0] if label.split() else "client"
     return "http:" + "".join(c for c in label if c.isprintable())[:32]
+
+
+async def start_client_turn(engine: Engine, req: TurnRequest, request: Request) -> Turn:
+    """start_turn for an HTTP client: its slot owned by its label, and interactive (decoding
+    every step beside background work) when it asks with X-Lucedesk-Priority."""
+    priority = request.headers.get(PRIORITY_HEADER, "background").strip().lower()
+    if priority not in ("interactive", "background"):
+        raise APIError(
+            400,
+            f"X-Lucedesk-Priority must be interactive or background, not {priority!r}",
+            "X-Lucedesk-Priority",
+        )
+    req.interactive = priority == "interactive"
+    return await start_turn(engine, req, owner_label(request))

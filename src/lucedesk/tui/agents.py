@@ -52,7 +52,13 @@ class AgentRunner:
                 else EngineBackend(lambda: self.app.host.engine)
             )
             runtime = Runtime(
-                backend, self.app.store, self.approvals, self.extra_tools, self.observe, Limits()
+                backend,
+                self.app.store,
+                self.approvals,
+                self.extra_tools,
+                self.observe,
+                Limits(),
+                watched=self.watched,
             )
             self.runtimes[backend_url] = runtime
         return runtime
@@ -70,6 +76,12 @@ class AgentRunner:
             agent = AgentSession(self.runtime(record.backend_url), record, depth)
             self.live[record.id] = agent
         return agent
+
+    def watched(self, agent: AgentSession) -> bool:
+        """The session the focused pane shows is the one being watched: its turns keep their
+        pace beside subagents and other panes (the slot monitor marks it »)."""
+        pane = self.screen.pane() if self.screen is not None else None
+        return pane is not None and pane.session.id == agent.id
 
     def running(self, session_id: int) -> bool:
         agent = self.live.get(session_id)

@@ -19,7 +19,8 @@ REFRESH_S = 1.0  # each redraw takes the engine's cores from it: once a second i
 REMOTE_REFRESH_S = 1.0
 LEGEND = (
     "context: the tokens a slot holds (system prompt, tool descriptions, the conversation, "
-    "its reply so far) · blocks: its share of the KV pool · tok/s: over the last 2 s"
+    "its reply so far) · » watched: decodes every step · blocks: its share of the KV pool · "
+    "tok/s: over the last 2 s"
 )
 
 
@@ -53,7 +54,7 @@ def slot_rows(slots: tuple[SlotStats, ...]) -> list[tuple[str, ...]]:
         rows.append(
             (
                 str(slot.slot),
-                slot.owner,
+                ("» " if slot.interactive else "") + slot.owner,
                 phase_text(slot),
                 str(slot.context_tokens),
                 str(slot.blocks),
