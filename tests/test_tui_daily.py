@@ -20,7 +20,7 @@ from lucedesk.tui.widgets.chat_input import ChatInput
 from lucedesk.tui.widgets.chat_pane import WELCOME
 from lucedesk.tui.widgets.engine_status import EngineStatus
 from lucedesk.tui.widgets.message_view import MessageView
-from lucedesk.tui.widgets.session_list import SessionList
+from lucedesk.tui.widgets.session_list import MARKS, MEANINGS, SessionList
 from lucedesk.tui.widgets.tool_call_view import ToolCallView
 from tests.test_agent_loop import Reply, ScriptedBackend, call
 from tests.test_tui import (
@@ -107,6 +107,8 @@ async def test_advertised_keys_work_while_the_input_has_the_focus(env):
             assert keys in shown and action in shown
         for command in COMMANDS:
             assert f"/{command.name}" in shown
+        for status, mark in MARKS.items():  # the sidebar's legend
+            assert f"{mark}" in shown and MEANINGS[status] in shown
         await pilot.press("escape")
         assert isinstance(app.screen, MainScreen) and app.focused is box
         # Ctrl+B folds the sidebar away and back
