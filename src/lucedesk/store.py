@@ -68,16 +68,6 @@ def data_dir() -> Path:
     return Path(os.environ.get("LUCEDESK_DATA_DIR") or platformdirs.user_data_dir("lucedesk"))
 
 
-def export_dir() -> Path:
-    """Where Markdown exports go: beside the sessions when LUCEDESK_DATA_DIR names a folder,
-    else the platform's documents folder."""
-    import platformdirs
-
-    if os.environ.get("LUCEDESK_DATA_DIR"):
-        return data_dir() / "exports"
-    return Path(platformdirs.user_documents_dir()) / "lucedesk"
-
-
 @dataclass
 class Session:
     id: int
@@ -338,9 +328,9 @@ class Store:
         """Ctrl+R: the messages after the last user message (a reply, its tool calls) leave
         the conversation but stay stored, for undo_set_aside to bring back. Each time is
         numbered (status `aside<n>:<status>`), so undo goes back one at a time."""
-        while session.messages and session.messages[-1]["role"] != "user":
+        after = last_user_id(session)
+        while session.messages and session.messages[-1]["id"] > after:
             session.messages.pop()
-        after = session.messages[-1]["id"] if session.messages else 0
         with self._lock, self.transaction():
             number = 1 + max((n for n, _ in self._set_aside(session.id, after).values()), default=0)
             self._db.execute(
@@ -352,10 +342,7 @@ class Store:
     def undo_set_aside(self, session: Session) -> bool:
         """The reply set aside last comes back in place of what replaced it; False when
         none was set aside since the last user message."""
-        kept = list(session.messages)
-        while kept and kept[-1]["role"] != "user":
-            kept.pop()
-        after = kept[-1]["id"] if kept else 0
+        after = last_user_id(session)
         with self._lock, self.transaction():
             aside = self._set_aside(session.id, after)
             if not aside:
@@ -451,52 +438,10 @@ class Store:
         ]
 
 
-def export_markdown(session: Session) -> str:
-    """The conversation as Markdown: replies with their reasoning folded, every tool call
-    with its arguments and result."""
-    lines = [f"# {session.title}", ""]
-    if session.system_prompt:
-        lines += [f"> system: {session.system_prompt}", ""]
-    for m in session.messages:
-        meta = m.get("meta") or {}
-        if m["role"] == "tool":
-            state = " · error" if meta.get("error") else ""
-            state = " · interrupted" if m.get("status") == "interrupted" else state
-            lines += [
-                f"### tool call · {meta.get('name', '?')}{state}",
-                "",
-                fenced(meta.get("arguments", ""), "json"),
-                "",
-                fenced(m["content"], "text"),
-                "",
-            ]
-            continue
-        notes = [n for n in message_notes(m) if n]
-        lines += [f"## {' · '.join([m['role'], *notes])}", ""]
-        if meta.get("reasoning"):
-            lines += [
-                "<details><summary>thinking</summary>",
-                "",
-                meta["reasoning"],
-                "",
-                "</details>",
-                "",
-            ]
-        if m["content"]:
-            lines += [m["content"], ""]
-        for call in meta.get("tool_calls") or []:
-            lines += [f"- calls `{call['name']}`", ""]
-    return "\n".join(lines)
-
-
-def fenced(text: str, language: str) -> str:
-    """`text` in a code fence longer than any run of backticks inside it."""
-    run, best = 0, 0
-    for c in text:
-        run = run + 1 if c == "`" else 0
-        best = max(best, run)
-    ticks = "`" * max(3, best + 1)
-    return f"{ticks}{language}\n{text}\n{ticks}"
+def last_user_id(session: Session) -> int:
+    """The id of the session's last user message (0 when there is none): what follows it is
+    the reply a regenerate sets aside."""
+    return next((m["id"] for m in reversed(session.messages) if m["role"] == "user"), 0)
 
 
 def message_notes(m: dict) -> list[str]:

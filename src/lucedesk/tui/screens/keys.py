@@ -35,8 +35,7 @@ DIALOG_KEYS = [
 def key_name(key: str) -> str:
     """ "ctrl+w" -> "Ctrl+W", "f6" -> "F6", "escape" -> "Esc"."""
     names = {"escape": "Esc", "question_mark": "?", "delete": "Delete", "enter": "Enter"}
-    parts = [names.get(p, p.upper() if len(p) <= 3 else p.title()) for p in key.split("+")]
-    return "+".join(p.title() if p in ("CTRL", "SHIFT", "ALT") else p for p in parts)
+    return "+".join(names.get(p, p.upper() if len(p) <= 3 else p.title()) for p in key.split("+"))
 
 
 def main_keys() -> list[tuple[str, str]]:

@@ -21,7 +21,8 @@ from lucedesk.agent import (
     TextStreamed,
 )
 from lucedesk.engine import ToolChoice
-from lucedesk.store import Session, export_dir, export_markdown, message_notes
+from lucedesk.export import export_dir, export_markdown
+from lucedesk.store import Session, message_notes
 from lucedesk.tui.messages import AgentUpdate, PromptSubmitted, SessionsChanged
 from lucedesk.tui.slash import run_command
 from lucedesk.tui.widgets.chat_input import ChatInput

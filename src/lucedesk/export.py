@@ -1,0 +1,66 @@
+"""A session as Markdown, and where exports go."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from lucedesk.store import Session, data_dir, message_notes
+
+
+def export_dir() -> Path:
+    """Where Markdown exports go: beside the sessions when LUCEDESK_DATA_DIR names a folder,
+    else the platform's documents folder."""
+    import platformdirs
+
+    if os.environ.get("LUCEDESK_DATA_DIR"):
+        return data_dir() / "exports"
+    return Path(platformdirs.user_documents_dir()) / "lucedesk"
+
+
+def export_markdown(session: Session) -> str:
+    """The conversation as Markdown: replies with their reasoning folded, every tool call
+    with its arguments and result."""
+    lines = [f"# {session.title}", ""]
+    if session.system_prompt:
+        lines += [f"> system: {session.system_prompt}", ""]
+    for m in session.messages:
+        meta = m.get("meta") or {}
+        if m["role"] == "tool":
+            state = " · error" if meta.get("error") else ""
+            state = " · interrupted" if m.get("status") == "interrupted" else state
+            lines += [
+                f"### tool call · {meta.get('name', '?')}{state}",
+                "",
+                fenced(meta.get("arguments", ""), "json"),
+                "",
+                fenced(m["content"], "text"),
+                "",
+            ]
+            continue
+        notes = [n for n in message_notes(m) if n]
+        lines += [f"## {' · '.join([m['role'], *notes])}", ""]
+        if meta.get("reasoning"):
+            lines += [
+                "<details><summary>thinking</summary>",
+                "",
+                meta["reasoning"],
+                "",
+                "</details>",
+                "",
+            ]
+        if m["content"]:
+            lines += [m["content"], ""]
+        for call in meta.get("tool_calls") or []:
+            lines += [f"- calls `{call['name']}`", ""]
+    return "\n".join(lines)
+
+
+def fenced(text: str, language: str) -> str:
+    """`text` in a code fence longer than any run of backticks inside it."""
+    run, best = 0, 0
+    for c in text:
+        run = run + 1 if c == "`" else 0
+        best = max(best, run)
+    ticks = "`" * max(3, best + 1)
+    return f"{ticks}{language}\n{text}\n{ticks}"
