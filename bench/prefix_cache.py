@@ -17,7 +17,7 @@ from lucedesk import profile
 from lucedesk.bench.metrics import percentile, summarize
 from lucedesk.bench.offline import closed_loop, random_prompts
 from lucedesk.engine.build import launch_engine
-from lucedesk.engine.models.chat import encode_chat
+from lucedesk.engine.chat_encoder import encode_chat
 from lucedesk.engine.request import SamplingParams
 from lucedesk.pull import resolve_model
 

@@ -155,7 +155,7 @@ PROMPTS = [
 def test_greedy_continuations_match_transformers(ours, reference):
     from lucedesk.config import EngineConfig
     from lucedesk.engine.build import assemble
-    from lucedesk.engine.models.chat import encode_chat
+    from lucedesk.engine.chat_encoder import encode_chat
     from lucedesk.engine.request import SamplingParams
 
     _, ref_model = reference

@@ -10,8 +10,9 @@ import pytest
 
 from lucedesk.engine import CallDelta, TextDelta, Tool, ToolChoice
 from lucedesk.engine.grammar import GrammarCompiler
+from lucedesk.engine.messages import ChatMessage, ToolCall
 from lucedesk.engine.models.loader import load_model
-from lucedesk.engine.tool_calls import ToolCall, ToolFormat, detect_family
+from lucedesk.engine.tool_calls import ToolFormat, detect_family
 from lucedesk.engine.tool_parser import parse_all
 
 HERMES = (
@@ -112,11 +113,11 @@ def test_generic_format_describes_tools_and_renders_calls_and_results():
     tools = [Tool("get_weather", "Weather now", {"type": "object", "properties": {}})]
     call = ToolCall("call_1", "get_weather", '{"city": "Paris"}')
     messages = [
-        {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "Weather?"},
-        {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "sunny"},
-        {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "warm"},
+        ChatMessage("system", "Be brief."),
+        ChatMessage("user", "Weather?"),
+        ChatMessage("assistant", tool_calls=[call]),
+        ChatMessage("tool", "sunny", tool_call_id="call_1", name="get_weather"),
+        ChatMessage("tool", "warm", tool_call_id="call_1", name="get_weather"),
     ]
     out, template_tools = ToolFormat("generic").render_messages(messages, tools)
     assert template_tools == []
@@ -134,7 +135,7 @@ def test_generic_format_describes_tools_and_renders_calls_and_results():
 def test_native_format_hands_the_template_objects():
     call = ToolCall("call_1", "f", '{"a": 1}')
     out, template_tools = ToolFormat("hermes").render_messages(
-        [{"role": "assistant", "content": None, "tool_calls": [call]}], [Tool("f")]
+        [ChatMessage("assistant", tool_calls=[call])], [Tool("f")]
     )
     assert out[0]["tool_calls"][0]["function"] == {"name": "f", "arguments": {"a": 1}}
     assert template_tools[0]["function"]["name"] == "f"

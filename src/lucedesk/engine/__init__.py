@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from lucedesk.engine.chat_encoder import ChatPrompt
 from lucedesk.engine.engine import Engine, ModelInfo, QueueFullError
 from lucedesk.engine.grammar import Grammar
 from lucedesk.engine.handle import Completion, RequestHandle, RequestOutput, TokenLogprob
-from lucedesk.engine.models.chat import ChatPrompt
+from lucedesk.engine.messages import CallLedger, ChatMessage, Tool, ToolCall, ToolChoice
 from lucedesk.engine.request import MAX_TOP_LOGPROBS, FinishReason, SamplingParams
 from lucedesk.engine.stats import EngineStats, HistogramSnapshot, SlotStats
-from lucedesk.engine.tool_calls import Tool, ToolCall, ToolChoice
 from lucedesk.engine.tool_parser import CallDelta, TextDelta, ToolCallParser
 from lucedesk.engine.turn import (
     ReasoningPiece,
@@ -53,6 +53,8 @@ __all__ = [
     "MAX_TOP_LOGPROBS",
     "BuiltEngine",
     "CallDelta",
+    "CallLedger",
+    "ChatMessage",
     "ChatPrompt",
     "Completion",
     "ContextOverflow",

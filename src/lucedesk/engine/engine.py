@@ -8,19 +8,19 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from lucedesk.engine.chat_encoder import ChatEncoder
+from lucedesk.engine.chat_encoder import ChatEncoder, ChatPrompt
 from lucedesk.engine.grammar import Grammar, GrammarCompiler
 from lucedesk.engine.handle import RequestHandle, RequestOutput, TokenLogprob
-from lucedesk.engine.models.chat import ChatPrompt
+from lucedesk.engine.messages import ChatMessage, Tool, ToolChoice
 from lucedesk.engine.models.tokenizer import IncrementalDetokenizer, Tokenizer
 from lucedesk.engine.request import FinishReason, Request, SamplingParams
 from lucedesk.engine.scheduler import Scheduler, StepPlan
 from lucedesk.engine.seq_engine import SeqEngine, StepResult
 from lucedesk.engine.speculation import PromptLookup
 from lucedesk.engine.stats import EngineStats, StatsCollector
-from lucedesk.engine.tool_calls import Tool, ToolChoice
 from lucedesk.engine.tool_parser import overlap_with_start
 from lucedesk.errors import ContextOverflow, RequestError
 
@@ -115,7 +115,7 @@ class Engine:
 
     def encode_chat(
         self,
-        messages: list[dict],
+        messages: Iterable[ChatMessage | Mapping],
         tools: list[Tool] | None = None,
         tool_choice: ToolChoice | None = None,
         parallel_tool_calls: bool = True,

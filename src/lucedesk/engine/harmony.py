@@ -23,7 +23,7 @@ import json
 import re
 
 from lucedesk.engine.grammar import JSON_OPTIONS, Grammar
-from lucedesk.engine.tool_calls import Tool, ToolCall, ToolChoice
+from lucedesk.engine.messages import ChatMessage, Tool, ToolCall, ToolChoice
 from lucedesk.engine.tool_parser import (
     CallDelta,
     ReasoningDelta,
@@ -61,23 +61,18 @@ def effort_of(reasoning: str | None) -> str | None:
     return "high" if reasoning in ("xhigh", "max") else "low"
 
 
-def render_messages(messages: list[dict]) -> list[dict]:
-    """Neutral messages (tool_calls.py) as the harmony template takes them: one call per
-    assistant message (the template renders only the first), reasoning as `thinking`, which
-    the template takes instead of content on a call."""
-    from lucedesk.engine.tool_calls import native_message
-
+def render_messages(messages: list[ChatMessage]) -> list[dict]:
+    """Messages as the harmony template takes them: one call per assistant message (the
+    template renders only the first), reasoning as `thinking`, which the template takes
+    instead of content on a call."""
     out: list[dict] = []
     for m in messages:
-        calls = m.get("tool_calls") or []
-        if m["role"] != "assistant" or len(calls) < 2:
-            out.append(_thinking(native_message(m)))
+        if m.role != "assistant" or len(m.tool_calls) < 2:
+            out.append(_thinking(m.for_template()))
             continue
-        out.append(_thinking(native_message({**m, "tool_calls": calls[:1]})))
-        out += [
-            native_message({"role": "assistant", "content": None, "tool_calls": [c]})
-            for c in calls[1:]
-        ]
+        first = ChatMessage("assistant", m.content, m.tool_calls[:1], m.reasoning)
+        out.append(_thinking(first.for_template()))
+        out += [ChatMessage("assistant", tool_calls=[c]).for_template() for c in m.tool_calls[1:]]
     return out
 
 

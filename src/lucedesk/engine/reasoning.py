@@ -13,7 +13,7 @@ whole text; whitespace around the reasoning and before the answer is not content
 from __future__ import annotations
 
 from lucedesk.engine.harmony import effort_of, is_harmony
-from lucedesk.engine.tool_calls import ToolCall
+from lucedesk.engine.messages import ToolCall
 from lucedesk.engine.tool_parser import (
     ReasoningDelta,
     TextDelta,

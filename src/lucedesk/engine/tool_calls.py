@@ -11,53 +11,23 @@ Four formats, chosen from the chat template's text:
   generic  templates with no tool support (the default SmolLM2 model): the tools are described
            in the system message and calls use the hermes envelope, which the grammar enforces
 
-Messages reach `render_messages` in one neutral shape:
-  {"role": "assistant", "content": str | None, "tool_calls": [ToolCall, ...],
-   "reasoning": str (optional: what the model reasoned before this reply)}
-  {"role": "tool", "tool_call_id": str, "name": str, "content": str}
+Messages reach `render_messages` typed (messages.py); it hands the template the dicts it reads.
 """
 
 from __future__ import annotations
 
 import json
-import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
+from lucedesk.engine import harmony
 from lucedesk.engine.grammar import JSON_OPTIONS, Grammar
+from lucedesk.engine.messages import ChatMessage, Tool, ToolCall, ToolChoice
+from lucedesk.engine.tool_parser import ToolCallParser
 
 Family = Literal["harmony", "hermes", "llama3", "generic"]
 # Markers a vocabulary may hold as single tokens (then grammars name the token).
 MARKERS = ("<tool_call>", "</tool_call>", "<think>", "</think>")
-
-
-@dataclass(slots=True, frozen=True)
-class Tool:
-    name: str
-    description: str = ""
-    parameters: dict = field(default_factory=lambda: {"type": "object", "properties": {}})
-
-
-@dataclass(slots=True)
-class ToolCall:
-    """A call the model made; `arguments` is JSON text exactly as the model wrote it."""
-
-    id: str
-    name: str
-    arguments: str
-
-    @staticmethod
-    def new_id() -> str:
-        return "call_" + uuid.uuid4().hex[:24]
-
-
-@dataclass(slots=True, frozen=True)
-class ToolChoice:
-    """`auto` (text or calls), `required` (at least one call), `none` (text only), or one
-    named function that must be called."""
-
-    mode: Literal["auto", "required", "none", "function"] = "auto"
-    function: str | None = None
 
 
 def detect_family(template: str | None) -> Family:
@@ -95,20 +65,19 @@ class ToolFormat:
 
     # -- prompt -----------------------------------------------------------------------------
 
-    def render_messages(self, messages: list[dict], tools: list[Tool]) -> tuple[list[dict], list]:
+    def render_messages(
+        self, messages: list[ChatMessage], tools: list[Tool]
+    ) -> tuple[list[dict], list]:
         """The messages and `tools` value to hand the chat template."""
         if self.family == "harmony":
-            from lucedesk.engine import harmony
-
             return harmony.render_messages(messages), [_openai_tool(t) for t in tools]
         if self.family != "generic":
-            native = [native_message(m) for m in messages]
-            return native, [_openai_tool(t) for t in tools]
+            return [m.for_template() for m in messages], [_openai_tool(t) for t in tools]
         out: list[dict] = []
         results: dict | None = None  # the user turn collecting consecutive tool results
         for m in messages:
-            if m["role"] == "tool":
-                block = f"<tool_response>\n{m['content']}\n</tool_response>"
+            if m.role == "tool":
+                block = f"<tool_response>\n{m.content}\n</tool_response>"
                 if results is None:
                     results = {"role": "user", "content": block}
                     out.append(results)
@@ -116,12 +85,12 @@ class ToolFormat:
                     results["content"] += "\n" + block
                 continue
             results = None
-            if m["role"] == "assistant" and m.get("tool_calls"):
-                blocks = [_hermes_block(c) for c in m["tool_calls"]]
-                text = "\n".join(([m["content"]] if m.get("content") else []) + blocks)
-                out.append({"role": "assistant", "content": text})
+            if m.role == "assistant" and m.tool_calls:
+                blocks = [_hermes_block(c) for c in m.tool_calls]
+                text = "\n".join(([m.content] if m.content else []) + blocks)
+                out.append(ChatMessage("assistant", text, reasoning=m.reasoning).for_template())
             else:
-                out.append(_with_reasoning(m))
+                out.append(m.for_template())
         if tools:
             listing = "\n".join(
                 json.dumps(
@@ -154,8 +123,6 @@ class ToolFormat:
         (Qwen's `<tool_call>`, `</tool_call>`, `<think>`, `</think>`): llguidance matches
         those as tokens, never as spelled-out text."""
         if self.family == "harmony":
-            from lucedesk.engine import harmony
-
             return harmony.grammar(tools, choice, text_schema)
         offered = [t for t in tools if choice.mode != "function" or t.name == choice.function]
         schema = {"anyOf": [self._call_schema(i, t) for i, t in enumerate(offered)]}
@@ -225,12 +192,8 @@ class ToolFormat:
 
     def parser(self, tool_names: frozenset[str] | None = None):
         """A parser for one reply; with `tool_names`, only envelopes naming one are calls."""
-        from lucedesk.engine.tool_parser import ToolCallParser
-
         if self.family == "harmony":
-            from lucedesk.engine.harmony import HarmonyParser
-
-            return HarmonyParser(tool_names)
+            return harmony.HarmonyParser(tool_names)
         if self.family == "llama3":
             return ToolCallParser(None, None, separator=";", tool_names=tool_names)
         return ToolCallParser("<tool_call>", "</tool_call>", tool_names=tool_names)
@@ -262,41 +225,6 @@ def _openai_tool(tool: Tool) -> dict:
     }
 
 
-def _arguments_object(text: str) -> object:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
-def native_message(m: dict) -> dict:
-    """A message as tool-aware templates expect it: calls as OpenAI function objects whose
-    arguments are objects (templates `tojson` them), results with their call's id, earlier
-    reasoning as `reasoning_content` (Qwen3's templates read it)."""
-    out = _with_reasoning(m)
-    if m["role"] == "assistant" and m.get("tool_calls"):
-        out["content"] = m.get("content") or ""
-        out["tool_calls"] = [
-            {
-                "id": c.id,
-                "type": "function",
-                "function": {"name": c.name, "arguments": _arguments_object(c.arguments)},
-            }
-            for c in m["tool_calls"]
-        ]
-    return out
-
-
-def _with_reasoning(m: dict) -> dict:
-    """A copy of `m` with its reasoning as `reasoning_content`, the key templates read."""
-    out = {k: v for k, v in m.items() if k != "reasoning"}
-    if m.get("reasoning"):
-        out["reasoning_content"] = m["reasoning"]
-    return out
-
-
 def _hermes_block(call: ToolCall) -> str:
-    body = json.dumps(
-        {"name": call.name, "arguments": _arguments_object(call.arguments)}, ensure_ascii=False
-    )
+    body = json.dumps({"name": call.name, "arguments": call.arguments_object()}, ensure_ascii=False)
     return f"<tool_call>\n{body}\n</tool_call>"

@@ -18,7 +18,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from lucedesk.engine.tool_calls import ToolCall
+from lucedesk.engine.messages import ToolCall
 
 # The start of an envelope whose arguments can stream: name first, then the arguments key.
 _HEAD = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')

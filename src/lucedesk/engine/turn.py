@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Literal
 from lucedesk.engine.grammar import Grammar
 from lucedesk.engine.handle import RequestHandle, TokenLogprob
 from lucedesk.engine.json_schema import check_value
+from lucedesk.engine.messages import ChatMessage, Tool, ToolCall, ToolChoice
 from lucedesk.engine.request import FinishReason, SamplingParams
-from lucedesk.engine.tool_calls import Tool, ToolCall, ToolChoice
 from lucedesk.engine.tool_parser import (
     CallDelta,
     ReasoningDelta,
@@ -33,8 +33,8 @@ from lucedesk.engine.tool_parser import (
 from lucedesk.errors import RequestError
 
 if TYPE_CHECKING:
+    from lucedesk.engine.chat_encoder import ReplyParser
     from lucedesk.engine.engine import Engine
-    from lucedesk.engine.models.chat import ReplyParser
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +43,10 @@ Finish = Literal["stop", "length", "tool_calls", "error"]
 
 @dataclass(slots=True)
 class TurnRequest:
-    """A chat turn (`messages` in tool_calls.py's neutral shape) or, with `prompt_ids` or
-    `prompt_text`, a raw completion of those tokens. Sampling fields left None take the
-    engine's defaults."""
+    """A chat turn or, with `prompt_ids` or `prompt_text`, a raw completion of those
+    tokens. Sampling fields left None take the engine's defaults."""
 
-    messages: list[dict] = field(default_factory=list)
+    messages: list[ChatMessage] = field(default_factory=list)
     tools: list[Tool] = field(default_factory=list)
     tool_choice: ToolChoice = field(default_factory=ToolChoice)
     parallel_tool_calls: bool = True

@@ -49,6 +49,12 @@ class APIError(Exception):
         self.headers, self.code, self.messages = headers, code, messages or {}
 
 
+def generation_failed(error: str | None) -> APIError:
+    """The engine ended a turn with an error: the server's fault (500) in every protocol;
+    streams that already answered 200 carry its message in their own error event."""
+    return APIError(500, f"generation failed: {error}", kind="server_error")
+
+
 def error_body(message: str, kind: str, param: str | None = None, code: str | None = None):
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 

@@ -5,133 +5,39 @@ editor plugins that only know Ollama call."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Any, Literal
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
 
 from lucedesk import __version__
 from lucedesk.engine import (
     CallDelta,
-    Grammar,
+    ChatMessage,
     ReasoningPiece,
-    RequestError,
     TextPiece,
-    Tool,
     ToolCall,
     TurnEnd,
     TurnRequest,
 )
-from lucedesk.server.errors import IMAGES, APIError
-from lucedesk.server.openai_wire import NamedToolChoice, tool_choice_of
+from lucedesk.server.errors import IMAGES, APIError, generation_failed
+from lucedesk.server.ollama_wire import (
+    ChatRequest,
+    GenerateRequest,
+    ModelRequest,
+    Think,
+    grammar_of,
+    messages_of,
+    sampling_of,
+    tools_of,
+)
+from lucedesk.server.openai_wire import tool_choice_of
 from lucedesk.server.replies import Json, TurnStream, dumps
-from lucedesk.server.served import Served, start_client_turn
+from lucedesk.server.served import Served, complete, start_client_turn
 
 # The Ollama API release whose routes and shapes this adapter follows (clients compare it).
 OLLAMA_API_VERSION = "0.12.0"
-
-
-class Options(BaseModel):
-    model_config = ConfigDict(extra="allow")  # num_ctx, num_gpu, ...: the engine decides those
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0)
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    seed: int | None = None
-    num_predict: int | None = None
-    stop: list[str] | None = None
-    ignore_eos: bool | None = None  # an extension, as on the OpenAI routes
-    speculative: bool | None = None  # likewise: prompt-lookup drafts
-
-
-class FunctionCall(BaseModel):
-    name: str
-    arguments: dict[str, Any] = Field(default_factory=dict)
-
-
-class ToolCallIn(BaseModel):
-    function: FunctionCall
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    role: str
-    content: str | None = ""
-    thinking: str | None = None  # an earlier reply's reasoning
-    images: list[str] | None = None
-    tool_calls: list[ToolCallIn] | None = None
-    tool_name: str | None = None
-
-
-# `think`: on or off, or a level (gpt-oss takes the levels only).
-Think = bool | Literal["low", "medium", "high", "max"] | None
-
-
-class ChatRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    model: str
-    messages: list[ChatMessage] = Field(default_factory=list)
-    tools: list[dict[str, Any]] | None = None
-    format: str | dict[str, Any] | None = None
-    options: Options | None = None
-    stream: bool = True
-    keep_alive: str | int | float | None = None
-    think: Think = None
-    # An extension (Ollama has no way to force a call): OpenAI's values.
-    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
-
-
-class GenerateRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    model: str
-    prompt: str = ""
-    system: str | None = None
-    raw: bool = False
-    images: list[str] | None = None
-    format: str | dict[str, Any] | None = None
-    options: Options | None = None
-    stream: bool = True
-    keep_alive: str | int | float | None = None
-    think: Think = None
-
-
-class ModelRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    model: str | None = None
-    name: str | None = None  # older clients send `name`
-
-
-def grammar_of(fmt: str | dict | None) -> Grammar | None:
-    if fmt is None or fmt == "":
-        return None
-    if fmt == "json":
-        return Grammar.json_object("format")
-    if isinstance(fmt, dict):
-        return Grammar.json_schema(fmt, "format")
-    raise RequestError(f"format must be 'json' or a JSON schema (got {fmt!r})", "format")
-
-
-def sampling_of(options: Options | None) -> dict:
-    o = options or Options()
-    return dict(
-        max_tokens=o.num_predict if o.num_predict and o.num_predict > 0 else None,
-        temperature=o.temperature,
-        top_p=o.top_p,
-        top_k=o.top_k,
-        min_p=o.min_p,
-        seed=o.seed,
-        stop=tuple(o.stop or ()),
-        ignore_eos=bool(o.ignore_eos),
-        speculative=o.speculative,
-        field_names={
-            "max_tokens": "options.num_predict",
-            **{f: f"options.{f}" for f in ("temperature", "top_p", "top_k", "min_p", "stop")},
-        },
-    )
 
 
 def reasoning_of(think: Think, served: Served) -> str | None:
@@ -144,61 +50,6 @@ def reasoning_of(think: Think, served: Served) -> str | None:
     if isinstance(think, bool):
         return "medium" if think else "none"
     return think
-
-
-def messages_of(body: ChatRequest) -> list[dict]:
-    """Ollama's calls carry no ids: each call gets one, and a tool message answers the
-    earliest unanswered call (of its `tool_name`, when given)."""
-    out: list[dict] = []
-    pending: list[ToolCall] = []
-    for i, m in enumerate(body.messages):
-        if m.images:
-            raise RequestError(f"messages[{i}].images: {IMAGES}", f"messages[{i}].images")
-        if m.role == "assistant" and m.tool_calls:
-            calls = [
-                ToolCall(f"call_{i}_{j}", c.function.name, json.dumps(c.function.arguments))
-                for j, c in enumerate(m.tool_calls)
-            ]
-            pending.extend(calls)
-            reply = {"role": "assistant", "content": m.content or None, "tool_calls": calls}
-            out.append(reply | ({"reasoning": m.thinking} if m.thinking else {}))
-        elif m.role == "tool":
-            match = next((c for c in pending if m.tool_name in (None, c.name)), None)
-            if match is None:
-                raise RequestError(
-                    f"messages[{i}] is a tool result but no earlier tool call awaits one",
-                    f"messages[{i}]",
-                )
-            pending.remove(match)
-            out.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": match.id,
-                    "name": match.name,
-                    "content": m.content or "",
-                }
-            )
-        elif m.role in ("system", "user", "assistant"):
-            message = {"role": m.role, "content": m.content or ""}
-            if m.role == "assistant" and m.thinking:
-                message["reasoning"] = m.thinking
-            out.append(message)
-        else:
-            raise RequestError(
-                f"messages[{i}].role must be system, user, assistant or tool", f"messages[{i}].role"
-            )
-    return out
-
-
-def tools_of(body: ChatRequest) -> list[Tool]:
-    tools = []
-    for i, t in enumerate(body.tools or []):
-        fn = t.get("function") if isinstance(t, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise RequestError(f"tools[{i}] needs function.name", f"tools[{i}]")
-        params = fn.get("parameters") or {"type": "object", "properties": {}}
-        tools.append(Tool(fn["name"], str(fn.get("description") or ""), params))
-    return tools
 
 
 def now() -> str:
@@ -302,8 +153,8 @@ def routes(served: Served) -> APIRouter:
         if body.raw:
             request_fields = {"prompt_text": body.prompt}
         else:
-            messages = [{"role": "system", "content": body.system}] if body.system else []
-            messages.append({"role": "user", "content": body.prompt})
+            messages = [ChatMessage("system", body.system)] if body.system else []
+            messages.append(ChatMessage("user", body.prompt))
             request_fields = {"messages": messages}
         turn = await start_client_turn(
             eng,
@@ -355,9 +206,7 @@ def _done_line(
 async def answer(turn, stream: bool, model: str, request: Request, chat: bool):
     started = time.perf_counter()
     if not stream:
-        done = await turn.complete(request.is_disconnected)
-        if done.finish == "error":
-            raise APIError(500, f"generation failed: {done.error}", kind="server_error")
+        done = await complete(turn, request)
         line = _done_line(
             model,
             "length" if done.finish == "length" else "stop",
@@ -381,11 +230,7 @@ async def answer(turn, stream: bool, model: str, request: Request, chat: bool):
 
 
 def _call(call: ToolCall) -> dict:
-    try:
-        arguments = json.loads(call.arguments)
-    except json.JSONDecodeError:
-        arguments = {}
-    return {"function": {"name": call.name, "arguments": arguments}}
+    return {"function": {"name": call.name, "arguments": call.arguments_object()}}
 
 
 async def ndjson(turn, model: str, chat: bool, started: float) -> AsyncIterator[str]:
@@ -420,7 +265,7 @@ async def ndjson(turn, model: str, chat: bool, started: float) -> AsyncIterator[
                 yield line(piece("", [_call(c) for c in finished]))
         if isinstance(event, TurnEnd):
             if event.finish == "error":
-                yield line({"error": f"generation failed: {event.error}"})
+                yield line({"error": generation_failed(event.error).message})
                 return
             reason = "length" if event.finish == "length" else "stop"
             yield line(

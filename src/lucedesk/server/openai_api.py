@@ -19,10 +19,10 @@ from lucedesk.engine import (
 )
 from lucedesk.server import errors
 from lucedesk.server import openai_wire as wire
-from lucedesk.server.errors import APIError
+from lucedesk.server.errors import APIError, generation_failed
 from lucedesk.server.openai_wire import ChatCompletionRequest, CompletionRequest, SamplingFields
 from lucedesk.server.replies import Json, TurnStream, dumps
-from lucedesk.server.served import Served, start_client_turn
+from lucedesk.server.served import Served, complete, start_client_turn
 
 
 def sampling_of(body: SamplingFields, max_tokens: int | None) -> dict:
@@ -110,9 +110,7 @@ class Reply:
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return TurnStream(self.turn, self.stream(include_usage))
-        done = await self.turn.complete(request.is_disconnected)
-        if done.finish == "error":
-            raise APIError(500, f"generation failed: {done.error}", kind="server_error")
+        done = await complete(self.turn, request)
         logprobs = None
         if self.want_logprobs:
             fmt = self.format_logprobs
@@ -192,7 +190,7 @@ class Reply:
                     yield self.event(self.piece({}, event.logprobs))
                 if event.finish == "error":
                     body = errors.error_body(
-                        f"generation failed: {event.error}", "server_error", None, "500"
+                        generation_failed(event.error).message, "server_error", None, "500"
                     )
                     yield f"data: {dumps(body)}\n\n"
                 else:

@@ -4,7 +4,6 @@ shapes built from engine outputs. No routes here: app.py wires these to the engi
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any, Literal
 
@@ -13,6 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from lucedesk.engine import (
     MAX_TOP_LOGPROBS,
     CallDelta,
+    CallLedger,
+    ChatMessage,
     Engine,
     Grammar,
     RequestError,
@@ -51,7 +52,7 @@ class ToolCallIn(BaseModel):
     function: FunctionCall
 
 
-class ChatMessage(BaseModel):
+class MessageIn(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
@@ -143,7 +144,7 @@ ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[MessageIn] = Field(min_length=1)
     reasoning_effort: ReasoningEffort | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     # vLLM's: write on from the last (assistant) message instead of starting a new one
@@ -222,11 +223,11 @@ def tool_choice_of(body) -> ToolChoice:
     return ToolChoice(choice or "auto")
 
 
-def messages_of(body: ChatCompletionRequest) -> list[dict]:
-    """The neutral message list (tool_calls.py's shape). Raises RequestError naming the
-    field for call arguments that are not JSON and results for calls never made."""
-    out: list[dict] = []
-    calls_made: dict[str, str] = {}  # call id -> function name
+def messages_of(body: ChatCompletionRequest) -> list[ChatMessage]:
+    """The chat, typed. Raises RequestError naming the field for call arguments that are
+    not JSON and results for calls never made."""
+    out: list[ChatMessage] = []
+    ledger = CallLedger()
     legacy_calls: dict[str, str] = {}  # function name -> id of its last legacy call
     for i, m in enumerate(body.messages):
         role = "system" if m.role == "developer" else m.role
@@ -246,56 +247,23 @@ def messages_of(body: ChatCompletionRequest) -> list[dict]:
                 )
             role = "tool"
             m = m.model_copy(update={"tool_call_id": legacy_calls.pop(m.name)})
-        if role == "assistant" and m.tool_calls:
-            calls = []
-            for j, c in enumerate(m.tool_calls):
-                try:
-                    json.loads(c.function.arguments)
-                except json.JSONDecodeError:
-                    field = f"messages[{i}].tool_calls[{j}].function.arguments"
-                    raise RequestError(f"{field} is not valid JSON", field) from None
-                calls_made[c.id] = c.function.name
-                calls.append(ToolCall(c.id, c.function.name, c.function.arguments))
-            out.append(
-                with_reasoning(
-                    {
-                        "role": "assistant",
-                        "content": m.text(f"messages[{i}].content") or None,
-                        "tool_calls": calls,
-                    },
-                    m,
-                )
-            )
-        elif role == "tool":
+        text = m.text(f"messages[{i}].content")
+        if role == "tool":
             field = f"messages[{i}].tool_call_id"
             if not m.tool_call_id:
                 raise RequestError(f"{field} is required for a tool message", field)
-            if m.tool_call_id not in calls_made:
-                raise RequestError(
-                    f"{field} {m.tool_call_id!r} matches no tool call of an earlier message",
-                    field,
-                )
-            name = calls_made[m.tool_call_id]
-            out.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": m.tool_call_id,
-                    "name": name,
-                    "content": m.text(f"messages[{i}].content"),
-                }
+            out.append(ledger.answer(m.tool_call_id, text, field, "tool call"))
+            continue
+        calls = [
+            ledger.made(
+                ToolCall(c.id, c.function.name, c.function.arguments),
+                f"messages[{i}].tool_calls[{j}].function.arguments",
             )
-        else:
-            out.append(
-                with_reasoning({"role": role, "content": m.text(f"messages[{i}].content")}, m)
-            )
+            for j, c in enumerate((m.tool_calls or []) if role == "assistant" else [])
+        ]
+        reasoning = (m.reasoning_content or m.reasoning or "") if role == "assistant" else ""
+        out.append(ChatMessage(role, text, calls, reasoning))
     return out
-
-
-def with_reasoning(message: dict, m: ChatMessage) -> dict:
-    reasoning = m.reasoning_content or m.reasoning
-    if m.role == "assistant" and reasoning:
-        message["reasoning"] = reasoning
-    return message
 
 
 # -- responses --------------------------------------------------------------------------------
@@ -362,10 +330,7 @@ def message_of(content: str, calls: list[ToolCall], reasoning: str = "") -> dict
     message: dict = {"role": "assistant", "content": content}
     if calls:
         message["content"] = content if content.strip() else None
-        message["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in calls
-        ]
+        message["tool_calls"] = [c.openai() for c in calls]
     if reasoning:
         message |= reasoning_delta(reasoning)
     return message

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from lucedesk.engine import Engine, Turn, TurnRequest, start_turn
-from lucedesk.server.errors import APIError
+from lucedesk.engine import Engine, Turn, TurnRequest, TurnResult, start_turn
+from lucedesk.server.errors import APIError, generation_failed
 
 CLIENT_HEADER = "x-lucedesk-client"
 PRIORITY_HEADER = "x-lucedesk-priority"  # interactive | background (the default)
@@ -69,3 +69,12 @@ async def start_client_turn(engine: Engine, req: TurnRequest, request: Request) 
         )
     req.interactive = priority == "interactive"
     return await start_turn(engine, req, owner_label(request))
+
+
+async def complete(turn: Turn, request: Request) -> TurnResult:
+    """The whole reply of a turn that is not streamed (cancelled if the client leaves);
+    raises the 500 every protocol answers when generation failed."""
+    done = await turn.complete(request.is_disconnected)
+    if done.finish == "error":
+        raise generation_failed(done.error)
+    return done
