@@ -20,16 +20,10 @@ import torch
 import torch.nn.functional as F
 
 from lucedesk.kernels.attention_torch import paged_attention_torch
-from lucedesk.kernels.cpu import (
-    Int8Weight,
-    add_rms_norm_cpu,
-    int8_tiles_available,
-    paged_attention_cpu,
-    rotary_cpu,
-)
+from lucedesk.kernels.cpu import add_rms_norm_cpu, paged_attention_cpu, rotary_cpu
 from lucedesk.kernels.layers_torch import add_rms_norm_torch, rotary_torch
-from lucedesk.kernels.lowbit import LowBitWeight
 from lucedesk.kernels.metadata import AttentionMetadata
+from lucedesk.kernels.quantized import Int8Weight, LowBitWeight, int8_tiles_available
 
 # SmolLM2-135M: 30 layers of these [N, K] projections, then the 49,152-token LM head.
 LAYER_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]

@@ -134,7 +134,7 @@ def stream_rate() -> float:
 def step_bytes(model, experts_per_layer: float) -> int:
     """Weight bytes one decode step reads: every dense matmul and the LM head, and of each
     mixture `experts_per_layer` of its experts (the mean a step's rows chose)."""
-    from lucedesk.kernels.lowbit import GroupedLowBitWeight
+    from lucedesk.kernels.quantized import GroupedLowBitWeight
 
     total = sum(p.nbytes for layer in model.layers for p in layer.quantized.values())
     total += model.lm_head_quantized.nbytes

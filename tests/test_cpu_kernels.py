@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from lucedesk.kernels.attention_torch import paged_attention_torch
-from lucedesk.kernels.cpu import Int8Weight, add_rms_norm_cpu, paged_attention_cpu, rotary_cpu
+from lucedesk.kernels.cpu import add_rms_norm_cpu, paged_attention_cpu, rotary_cpu
 from lucedesk.kernels.layers_torch import add_rms_norm_torch, rotary_torch
+from lucedesk.kernels.quantized import Int8Weight
 from tests.kernel_cases import (
     CASES,
     LAYER_CASES,
@@ -186,7 +187,7 @@ def test_int8_weights_take_bfloat16_only():
 
 def test_the_kernels_build_and_load():
     """With a compiler present the build must succeed: the tests never skip a broken one."""
-    from lucedesk.kernels.cpu import load_cpu_ops
+    from lucedesk.kernels.cpu_build import load_cpu_ops
 
     ops = load_cpu_ops()
     assert isinstance(ops.int8_amx_available(), bool)
@@ -196,7 +197,7 @@ def test_a_first_build_is_announced(tmp_path, monkeypatch):
     """The CLI and the TUI's loading screen say when a start will compile the kernels."""
     from lucedesk.config import EngineConfig
     from lucedesk.engine.build import kernel_build_notice
-    from lucedesk.kernels.cpu import library_path
+    from lucedesk.kernels.cpu_build import library_path
 
     monkeypatch.setenv("LUCEDESK_KERNEL_CACHE", str(tmp_path))
     assert "first run" in kernel_build_notice(EngineConfig(device="cpu"))

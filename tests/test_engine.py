@@ -195,7 +195,7 @@ def test_weight_formats_follow_the_model_and_kernels(tiny_llama):
     from lucedesk.config import EngineConfig
     from lucedesk.engine.build import apply_weight_format
     from lucedesk.errors import ConfigError
-    from lucedesk.kernels.cpu import int8_tiles_available, lowbit_vector_available
+    from lucedesk.kernels.quantized import int8_tiles_available, lowbit_vector_available
 
     with pytest.raises(ConfigError, match="weights must be one of auto, dtype, int8, q4"):
         EngineConfig(weights="int4").validate()

@@ -1,4 +1,4 @@
-"""4- and 8-bit weights (kernels/lowbit.py LowBitWeight, csrc/lowbit.h) and the `q4` format:
+"""4- and 8-bit weights (kernels/quantized.py LowBitWeight, csrc/lowbit.h) and the `q4` format:
 the kernels against a torch reference of their arithmetic, the VNNI and plain paths giving
 the same bits, rows independent of their batch, GGUF 4-bit blocks taken exactly, and an
 engine on them giving each request its tokens alone."""
@@ -17,8 +17,7 @@ from lucedesk.engine.build import apply_weight_format
 from lucedesk.engine.models.gguf_blocks import four_bit_groups
 from lucedesk.engine.models.loader import load_model
 from lucedesk.errors import ConfigError
-from lucedesk.kernels.cpu import lowbit_vector_available
-from lucedesk.kernels.lowbit import LowBitWeight
+from lucedesk.kernels.quantized import LowBitWeight, lowbit_vector_available
 from tests.engine_harness import make_engine, random_jobs, run_alone, run_jobs
 from tests.gguf_writer import random_k_quant, write_gguf
 

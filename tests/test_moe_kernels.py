@@ -12,10 +12,14 @@ from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
 from lucedesk.engine.models.gguf_blocks import block_levels
-from lucedesk.kernels.cpu import lowbit_vector_available
-from lucedesk.kernels.lowbit import MXFP4_LEVELS, GroupedLowBitWeight, LowBitWeight
 from lucedesk.kernels.moe_torch import grouped_linear_torch
 from lucedesk.kernels.moe_triton import grouped_linear
+from lucedesk.kernels.quantized import (
+    MXFP4_LEVELS,
+    GroupedLowBitWeight,
+    LowBitWeight,
+    lowbit_vector_available,
+)
 from tests.kernel_cases import DEVICE, TOL
 
 PATHS = [False, True] if lowbit_vector_available() else [False]

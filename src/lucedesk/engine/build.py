@@ -144,7 +144,7 @@ def kernel_build_notice(config: EngineConfig) -> str | None:
     first run on a machine, ~10 s), else None."""
     if config.kernels not in ("auto", "cpu") or resolve_device(config.device).type != "cpu":
         return None
-    from lucedesk.kernels.cpu import needs_build
+    from lucedesk.kernels.cpu_build import needs_build
 
     if not needs_build():
         return None
@@ -235,8 +235,11 @@ def apply_weight_format(model: DecoderModel, wanted: str, kernels: str) -> str:
     `auto` takes q4 for a 4-bit file where the VNNI kernels run, else int8 where AMX tiles
     or VNNI run it fast, else the model dtype. A mixture's experts take the same format
     (expert_weights.py: the file's own 4-bit, MXFP4 or Q8_0 levels where it has them)."""
-    from lucedesk.kernels.cpu import int8_tiles_available, lowbit_vector_available
-    from lucedesk.kernels.lowbit import LowBitWeight
+    from lucedesk.kernels.quantized import (
+        LowBitWeight,
+        int8_tiles_available,
+        lowbit_vector_available,
+    )
 
     usable = kernels == "cpu" and model.dtype == torch.bfloat16
     weights = model.projection_weights()
@@ -300,8 +303,12 @@ def _four_bit_file(model: DecoderModel) -> bool:
 
 def _int8_maker() -> Callable[[int | None, str, torch.Tensor], Projection]:
     """int8: AMX tiles where the CPU has them, else the VNNI kernels at 8 bits, else loops."""
-    from lucedesk.kernels.cpu import Int8Weight, int8_tiles_available, lowbit_vector_available
-    from lucedesk.kernels.lowbit import LowBitWeight
+    from lucedesk.kernels.quantized import (
+        Int8Weight,
+        LowBitWeight,
+        int8_tiles_available,
+        lowbit_vector_available,
+    )
 
     def make(layer: int | None, proj: str, w: torch.Tensor) -> Projection:
         if not int8_tiles_available() and lowbit_vector_available() and LowBitWeight.fits(w.shape):
@@ -314,8 +321,7 @@ def _int8_maker() -> Callable[[int | None, str, torch.Tensor], Projection]:
 def _q4_maker(model: DecoderModel) -> Callable[[int | None, str, torch.Tensor], Projection]:
     """q4: each weight from the file's 4-bit blocks; any other at 8 bits, reported once
     (the LM head comes last) by type."""
-    from lucedesk.kernels.cpu import Int8Weight
-    from lucedesk.kernels.lowbit import LowBitWeight
+    from lucedesk.kernels.quantized import Int8Weight, LowBitWeight
 
     source = model.four_bit_source
     assert source is not None

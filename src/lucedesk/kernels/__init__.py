@@ -2,8 +2,8 @@
 rotary embedding, in three implementations picked by name:
 
 - `torch`: plain torch ops, runs anywhere; the reference the others are tested against.
-- `cpu`: C++ kernels built on first use (`cpu.py`): attention over KV blocks in place,
-  fused norms and rotary, for CPUs.
+- `cpu`: C++ kernels built on first use (`cpu_build.py`, wrapped in `cpu.py`): attention
+  over KV blocks in place, fused norms and rotary, for CPUs.
 - `triton`: Triton kernels for GPUs (CUDA, and ROCm unchanged).
 
 `get_kernels(name)` is the one place the runner and the model pick an implementation."""
@@ -41,7 +41,7 @@ def resolve_kernels(name: str, device: torch.device) -> str:
         return name
     if device.type == "cuda":
         return "triton"
-    from lucedesk.kernels.cpu import KernelUnavailable, load_cpu_ops
+    from lucedesk.kernels.cpu_build import KernelUnavailable, load_cpu_ops
 
     try:
         load_cpu_ops()
@@ -66,20 +66,15 @@ def get_kernels(name: str) -> Kernels:
             grouped_linear_torch,
         )
     if name == "cpu":
-        from lucedesk.kernels.cpu import (
-            KernelUnavailable,
-            add_rms_norm_cpu,
-            load_cpu_ops,
-            paged_attention_cpu,
-            rotary_cpu,
-        )
+        from lucedesk.kernels.cpu import add_rms_norm_cpu, paged_attention_cpu, rotary_cpu
+        from lucedesk.kernels.cpu_build import KernelUnavailable, load_cpu_ops
 
         try:
             load_cpu_ops()
         except KernelUnavailable as exc:
             raise ConfigError(f"kernels 'cpu': {exc}") from None
         # Experts in the model dtype multiply through torch; low-bit experts bring their own
-        # grouped C++ pass (kernels/lowbit.py).
+        # grouped C++ pass (kernels/quantized.py).
         return Kernels(
             "cpu",
             write_kv_torch,

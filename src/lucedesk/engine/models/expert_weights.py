@@ -70,7 +70,7 @@ def quantize_experts(model: DecoderModel, weights: str) -> None:
     """Every expert weight as low-bit levels: for `q4`, the file's 4- or 8-bit levels where
     its blocks are a grid; for `int8`, its 8-bit levels (Q8_0) where they are; else each
     expert widened alone and held at 8 bits. Dense copies are released."""
-    from lucedesk.kernels.lowbit import GroupedLowBitWeight, eight_bit
+    from lucedesk.kernels.quantized import GroupedLowBitWeight, eight_bit
 
     source = model.expert_source
     wider: dict[str, int] = {}
@@ -106,7 +106,7 @@ def quantize_experts(model: DecoderModel, weights: str) -> None:
 
 def experts_fit(model: DecoderModel) -> bool:
     """Whether every expert weight has whole 16-channel blocks and 32-input groups."""
-    from lucedesk.kernels.lowbit import fits
+    from lucedesk.kernels.quantized import fits
 
     return all(
         fits(moe.experts.shapes[proj][1:])

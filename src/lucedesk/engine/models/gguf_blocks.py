@@ -9,7 +9,7 @@ value = d * level + m, exactly as the blocks hold it, for the low-bit kernels to
                            - dmin * min
     MXFP4 (17 bytes / 32): an E8M0 exponent e, 16 bytes of nibbles, each an e2m1 code;
                            value = code's value * 2^(e - 127). As levels: a 16-entry table
-                           (kernels.lowbit.MXFP4_LEVELS) maps code -> 2 * value + 12, with
+                           (kernels.quantized.MXFP4_LEVELS) maps code -> 2 * value + 12, with
                            d = 2^(e - 128) and m = -12 d.
     Q8_0 (34 bytes / 32):  fp16 d, 32 int8 q; value = d * q, as 8-bit levels q + 128 with
                            m = -128 d.
@@ -69,7 +69,7 @@ def four_bit_groups(raw: np.ndarray, type_name: str) -> tuple[np.ndarray, np.nda
 
 def block_levels(raw: np.ndarray, type_name: str) -> Levels:
     """Any type of LEVEL_TYPES -> its levels; ValueError for another type."""
-    from lucedesk.kernels.lowbit import MXFP4_LEVELS
+    from lucedesk.kernels.quantized import MXFP4_LEVELS
 
     if type_name in FOUR_BIT_TYPES:
         return Levels(*four_bit_groups(raw, type_name), bits=4)

@@ -38,7 +38,7 @@ def gated(c: ModelConfig, gate_up: torch.Tensor) -> torch.Tensor:
 
 
 class GroupedProjection(Protocol):
-    """Experts' weights in another format (low-bit, kernels.lowbit.GroupedLowBitWeight):
+    """Experts' weights in another format (low-bit, kernels.quantized.GroupedLowBitWeight):
     pair p is x's row rows[p] (row p without rows) times expert experts[p]'s weight."""
 
     def __call__(

@@ -1,4 +1,4 @@
-// CPU kernels for lucedesk, built on first use by kernels/cpu.py (this file with the headers
+// CPU kernels for lucedesk, built on first use by kernels/cpu_build.py (this file with the headers
 // beside it, one translation unit) and registered as torch.ops.lucedesk_cpu.*. Each has a
 // torch reference (attention_torch.py, layers_torch.py) and the same numerics: fp32
 // arithmetic, rounding to the tensor dtype where the reference rounds, so bf16 results

@@ -1,0 +1,324 @@
+"""Weights held quantized and multiplied by bfloat16 activations in C++: a weight is
+w = d * level + m per group of 32 inputs, in one of three layouts, each its kernel's.
+
+- `Int8Weight` (csrc/int8.h): any [N, K] weight as signed int8 levels, on AMX tiles where
+  the CPU has them (the values pre-arranged for the tiles), else in plain loops.
+- `LowBitWeight` (csrc/lowbit.h): one [N, K] weight as 4- or 8-bit levels.
+- `GroupedLowBitWeight`: a mixture of experts' [N, K] weights as `LowBitWeight` holds one,
+  multiplied in one grouped pass over (row, expert) pairs.
+
+At 4 bits a level is either the nibble itself (llama.cpp's Q4_0, Q4_1 and Q4_K blocks) or a
+nibble looked up in a 16-entry table (MXFP4's codes, see `MXFP4_LEVELS`); at 8 bits any
+weight to within 1/510 of its group's range (`quantize_groups`), and Q8_0 blocks exactly.
+The low-bit kernels quantize activations per row to int8 with one scale per 32 inputs and
+each group's dot product is exact integer arithmetic (AVX512-VNNI where the CPU has it,
+plain loops elsewhere, the same bits either way). In every layout a row's result is
+independent of its batch (and of the other rows of its expert).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lucedesk.kernels.checks import require
+from lucedesk.kernels.cpu_build import KernelUnavailable, load_cpu_ops
+
+GROUP = 32
+ROWS_AT_ONCE = 4096  # bounds the float copies while quantizing a big LM head
+# MXFP4 (e2m1) codes as levels: code c is 2 * value(c) + 12, so with d = scale / 2 and
+# m = -12 d, w = d * level + m is exactly the code's value times the block's scale.
+MXFP4_LEVELS = (12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0)
+
+
+def _cpu_has(probe: str) -> bool:
+    try:
+        return bool(getattr(load_cpu_ops(), probe)())
+    except KernelUnavailable:
+        return False
+
+
+def int8_tiles_available() -> bool:
+    """Whether int8 weights run on AMX tiles here (their fast path)."""
+    return _cpu_has("int8_amx_available")
+
+
+def lowbit_vector_available() -> bool:
+    """Whether the 4/8-bit weight kernels run on AVX512-VNNI here (their fast path)."""
+    return _cpu_has("lowbit_vector_available")
+
+
+def fits(shape: tuple[int, ...]) -> bool:
+    """Whether a [N, K] weight takes the fast layouts: whole groups, whole 16-channel blocks."""
+    n, k = shape[-2:]
+    return k % GROUP == 0 and n % 16 == 0
+
+
+def quantize_groups(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """groups: [..., 32] float32 -> (q int8, d, m) with groups ~= d * q + m.
+
+    Three grids are tried per group and the closest kept: min..max over all 256 levels
+    (exact for Q4_1/Q4_K groups, whose extremes are levels 0 and 15), +-max|w| over
+    +-127 (exact for Q8_0), and the max-magnitude value at level -128 (exact for Q4_0,
+    whose scale puts it at -8 of 16 levels)."""
+    low, high = groups.amin(-1), groups.amax(-1)
+    peak = torch.where(high.abs() >= low.abs(), high, low)  # signed value of largest magnitude
+    tiny = torch.finfo(torch.float32).tiny
+    d_affine = ((high - low) / 255).clamp(min=tiny)
+    candidates = [
+        (d_affine, low + 128 * d_affine),
+        ((peak.abs() / 127).clamp(min=tiny), torch.zeros_like(low)),
+        (
+            torch.where(peak < 0, 1.0, -1.0) * (peak.abs() / 128).clamp(min=tiny),
+            torch.zeros_like(low),
+        ),
+    ]
+    best = None
+    for d, m in candidates:
+        q = torch.round((groups - m[..., None]) / d[..., None]).clamp(-128, 127)
+        err = (q * d[..., None] + m[..., None] - groups).abs().amax(-1)
+        if best is None:
+            best = [q, d, m, err]
+        else:
+            better = err < best[3]
+            best = [
+                torch.where(better[..., None], q, best[0]),
+                torch.where(better, d, best[1]),
+                torch.where(better, m, best[2]),
+                torch.minimum(err, best[3]),
+            ]
+    return best[0].to(torch.int8), best[1], best[2]
+
+
+def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Any [N, K] weight -> (q int8 [N, K / 32, 32], d and m float32 [N, K / 32]) by
+    `quantize_groups`, a bounded number of rows at a time."""
+    n, k = weight.shape
+    require(k % GROUP == 0, f"quantized weights need inputs in groups of 32, got {k}")
+    parts = [
+        quantize_groups(rows.float().view(-1, k // GROUP, GROUP))
+        for rows in weight.detach().split(ROWS_AT_ONCE)
+    ]
+    q, d, m = (torch.cat(t) for t in zip(*parts))
+    return q, d, m
+
+
+def eight_bit(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Any [N, K] weight as 8-bit (levels uint8 [N, K], d, m) (see `quantize_groups`)."""
+    q, d, m = quantize_rows(weight)
+    levels = (q.to(torch.int16) + 128).to(torch.uint8).view(weight.shape)
+    return levels, d, m - 128 * d
+
+
+def channel_blocks(scales: torch.Tensor) -> torch.Tensor:
+    """Group scales [N, K / 32] -> the kernels' [N / 16, K / 32, 16]: for each block of 16
+    channels and each group, the 16 channels' scales side by side."""
+    n, groups = scales.shape
+    return scales.float().reshape(n // 16, 16, groups).transpose(1, 2).contiguous()
+
+
+def channel_rows(blocks: torch.Tensor) -> torch.Tensor:
+    """`channel_blocks` undone: [N / 16, K / 32, 16] -> [N, K / 32]."""
+    return blocks.transpose(1, 2).reshape(-1, blocks.shape[1])
+
+
+def affine(levels: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """levels [N, K], d and m [N, K / 32] -> [N, K] float32 d * level + m."""
+    n, k = levels.shape
+    return (levels.float().view(n, -1, GROUP) * d[..., None] + m[..., None]).view(n, k)
+
+
+def pack_levels(
+    levels: torch.Tensor, d: torch.Tensor, m: torch.Tensor, bits: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """levels uint8 [N, K] (below 2**bits), d and m float32 [N, K / 32] -> the low-bit
+    kernels' layout: q [N/16, K/32, 64 * bits], d and m [N/16, K/32, 16]."""
+    n, k = levels.shape
+    require(bits in (4, 8), f"bits must be 4 or 8, got {bits}")
+    require(fits((n, k)), f"low-bit weights need N % 16 == 0 and K % 32 == 0, got {n}x{k}")
+    require(levels.dtype == torch.uint8, f"levels must be uint8, got {levels.dtype}")
+    require(
+        tuple(d.shape) == tuple(m.shape) == (n, k // GROUP),
+        f"group scales must be [{n}, {k // GROUP}], got {tuple(d.shape)}",
+    )
+    # [N/16, 16 channels, K/32, 8 quads, 4] -> [N/16, K/32, 8 quads, 16 channels, 4]
+    v = levels.view(n // 16, 16, k // 32, 8, 4).permute(0, 2, 3, 1, 4).reshape(-1, 512)
+    if bits == 4:
+        require(int(levels.max()) < 16 if levels.numel() else True, "4-bit levels exceed 15")
+        v = v[:, :256] | (v[:, 256:] << 4)
+    q = v.reshape(n // 16, k // 32, 64 * bits).contiguous()
+    return q, channel_blocks(d), channel_blocks(m)
+
+
+def unpack_levels(
+    q: torch.Tensor, bits: int, n: int, k: int, lut: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The levels back in [N, K] order (the stored codes looked up where there is a
+    table)."""
+    v = torch.cat([q & 0x0F, q >> 4], dim=-1) if bits == 4 else q
+    codes = v.reshape(n // 16, k // 32, 8, 16, 4).permute(0, 3, 1, 2, 4).reshape(n, k)
+    return codes if lut is None else lut[codes.long()]
+
+
+class QuantizedWeight:
+    """What every held format shares: levels `q` with scales `d` and `m` per group of 32
+    inputs, a C++ matmul that takes bfloat16 activations only, and its size in memory."""
+
+    GROUP = GROUP
+    KIND = "quantized"  # names the format in errors
+    q: torch.Tensor
+    d: torch.Tensor
+    m: torch.Tensor
+
+    @classmethod
+    def fits(cls, shape: tuple[int, ...]) -> bool:
+        return fits(shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.numel() + (self.d.numel() + self.m.numel()) * 4
+
+    def _activations(self, x: torch.Tensor) -> torch.Tensor:
+        require(
+            x.dtype == torch.bfloat16, f"{self.KIND} weights take bfloat16 inputs, got {x.dtype}"
+        )
+        return x.contiguous()
+
+
+class Int8Weight(QuantizedWeight):
+    """A [N, K] weight as int8 levels q in [-128, 127] (`quantize_groups`), on AMX tiles
+    where the CPU has them and N allows, else in rows.
+
+    Weights that came from a llama.cpp Q4_0/Q4_1/Q8_0/Q4_K file sit on such a grid already
+    and come back exactly (to float rounding); any other group loses at most 1/510 of its
+    range."""
+
+    KIND = "int8"
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        ops = load_cpu_ops()
+        q, d, m = quantize_rows(weight)
+        n, k = self.shape = tuple(weight.shape)
+        self.tiles = int8_tiles_available() and n % 16 == 0
+        if self.tiles:  # see csrc/int8.h: per 16 channels and 32 inputs, rows of input pairs
+            self.q = q.view(n // 16, 16, k // 32, 16, 2).permute(0, 2, 3, 1, 4).contiguous()
+            self.d, self.m = channel_blocks(d), channel_blocks(m)
+        else:
+            self.q, self.d, self.m = q.view(n, k).contiguous(), d.contiguous(), m.contiguous()
+        self._matmul = ops.int8_linear_tiles if self.tiles else ops.int8_linear
+
+    def dequantize(self) -> torch.Tensor:
+        """The weight as the kernels see it: [N, K] float32 (d * q + m, before bf16)."""
+        if not self.tiles:
+            return affine(self.q, self.d, self.m)
+        q = self.q.permute(0, 3, 1, 2, 4).reshape(self.shape)
+        return affine(q, channel_rows(self.d), channel_rows(self.m))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [M, K] bfloat16 -> [M, N] bfloat16."""
+        return self._matmul(self._activations(x), self.q, self.d, self.m)
+
+
+class _LowBit(QuantizedWeight):
+    """The low-bit kernels' settings: bit width, optional 16-entry level table, and the VNNI
+    path or the plain loops (default: VNNI where available)."""
+
+    KIND = "low-bit"
+
+    def __init__(self, bits: int, table: tuple[int, ...] | None, vector: bool | None) -> None:
+        require(table is None or bits == 4, "a level table is for 4-bit weights")
+        if table is not None:
+            in_range = all(0 <= v < 256 for v in table)
+            require(len(table) == 16 and in_range, "a level table has 16 bytes")
+        self._ops = load_cpu_ops()
+        self.bits = bits
+        self.lut = None if table is None else torch.tensor(table, dtype=torch.uint8)
+        self.vector = lowbit_vector_available() if vector is None else vector
+
+
+class LowBitWeight(_LowBit):
+    """A [N, K] weight as 4- or 8-bit levels: weights never widened in memory; a decode
+    step reads 0.75 (4-bit) or 1.25 (8-bit) bytes a weight."""
+
+    def __init__(
+        self,
+        levels: torch.Tensor,
+        d: torch.Tensor,
+        m: torch.Tensor,
+        bits: int,
+        vector: bool | None = None,
+        table: tuple[int, ...] | None = None,
+    ) -> None:
+        """levels: uint8 [N, K] below 2**bits (with `table`: nibbles indexing it); d, m:
+        float32 [N, K / 32]."""
+        super().__init__(bits, table, vector)
+        self.shape = tuple(levels.shape)
+        self.q, self.d, self.m = pack_levels(levels, d, m, bits)
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, vector: bool | None = None) -> LowBitWeight:
+        """Any [N, K] weight as 8-bit levels (see `quantize_groups`)."""
+        return cls(*eight_bit(weight), bits=8, vector=vector)
+
+    def levels(self) -> torch.Tensor:
+        """The levels back in [N, K] order (table entries where there is a table)."""
+        return unpack_levels(self.q, self.bits, *self.shape, self.lut)
+
+    def dequantize(self) -> torch.Tensor:
+        """[N, K] float32: d * level + m."""
+        return affine(self.levels(), channel_rows(self.d), channel_rows(self.m))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [M, K] bfloat16 -> [M, N] bfloat16."""
+        return self._ops.lowbit_linear(
+            self._activations(x), self.q, self.d, self.m, self.bits, self.vector, self.lut
+        )
+
+
+class GroupedLowBitWeight(_LowBit):
+    """The [N, K] weights of `num_experts` experts, each as `LowBitWeight` holds one, all
+    at one bit width; filled one expert at a time (`set`), so no more than one expert is
+    ever unpacked at once."""
+
+    def __init__(
+        self,
+        num_experts: int,
+        shape: tuple[int, int],
+        bits: int,
+        table: tuple[int, ...] | None = None,
+        vector: bool | None = None,
+    ) -> None:
+        n, k = shape
+        require(fits(shape), f"low-bit weights need N % 16 == 0 and K % 32 == 0, got {n}x{k}")
+        super().__init__(bits, table, vector)
+        self.num_experts, self.shape = num_experts, (n, k)
+        self.q = torch.zeros(num_experts, n // 16, k // 32, 64 * bits, dtype=torch.uint8)
+        self.d = torch.zeros(num_experts, n // 16, k // 32, 16)
+        self.m = torch.zeros_like(self.d)
+
+    def set(self, expert: int, levels: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> None:
+        """One expert's levels (uint8 [N, K]) and group scales (float32 [N, K / 32])."""
+        require(tuple(levels.shape) == self.shape, f"expert weights must be {self.shape}")
+        self.q[expert], self.d[expert], self.m[expert] = pack_levels(levels, d, m, self.bits)
+
+    def dequantize(self, expert: int) -> torch.Tensor:
+        """One expert's [N, K] float32 weight."""
+        levels = unpack_levels(self.q[expert], self.bits, *self.shape, self.lut)
+        return affine(levels, channel_rows(self.d[expert]), channel_rows(self.m[expert]))
+
+    def __call__(
+        self, x: torch.Tensor, experts: torch.Tensor, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Pair p is x's row rows[p] (row p without `rows`) times expert experts[p]'s
+        weight: x [R, K] bfloat16, experts and rows [P] -> [P, N] bfloat16 in pair order.
+        The C++ pass groups the pairs by expert and reads each chosen expert once."""
+        return self._ops.lowbit_moe_linear(
+            self._activations(x),
+            None if rows is None else rows.to(torch.int64).contiguous(),
+            experts.to(torch.int64).contiguous(),
+            self.q,
+            self.d,
+            self.m,
+            self.bits,
+            self.vector,
+            self.lut,
+        )
