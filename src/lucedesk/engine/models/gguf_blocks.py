@@ -1,6 +1,7 @@
-"""llama.cpp's quantized block formats as levels on an affine grid: the bytes of a tensor (or
-one expert's slice of it) -> (levels uint8, d, m float32 per group of 32) with
-value = d * level + m, exactly as the blocks hold it, for the low-bit kernels to take as is.
+"""llama.cpp's block formats: the bytes of a tensor (or of one expert's slice of it) -> its
+values in float32 (`dequantize_blocks`, any of SUPPORTED_TYPES), or for the level types ->
+(levels uint8, d, m float32 per group of 32) with value = d * level + m, exactly as the
+blocks hold it, for the low-bit kernels to take as is (`block_levels`).
 
     Q4_0 (18 bytes / 32):  fp16 d, 16 bytes of nibbles; value = d * (level - 8)
     Q4_1 (20 bytes / 32):  fp16 d and m; value = d * level + m
@@ -20,10 +21,31 @@ Q4_K each 32 bytes hold two groups, the low nibbles the first.
 
 from __future__ import annotations
 
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+import torch
 
+from lucedesk.kernels.quantized import MXFP4_LEVELS
+
+SUPPORTED_TYPES = (  # `dequantize_blocks` reads these
+    "F32",
+    "F16",
+    "BF16",
+    "Q8_0",
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "Q4_K",
+    "Q5_K",
+    "Q6_K",
+    "MXFP4",
+)
 FOUR_BIT_TYPES = ("Q4_0", "Q4_1", "Q4_K")  # levels are the nibbles themselves
 LEVEL_TYPES = (*FOUR_BIT_TYPES, "MXFP4", "Q8_0")  # held exactly by `block_levels`
 
@@ -69,8 +91,6 @@ def four_bit_groups(raw: np.ndarray, type_name: str) -> tuple[np.ndarray, np.nda
 
 def block_levels(raw: np.ndarray, type_name: str) -> Levels:
     """Any type of LEVEL_TYPES -> its levels; ValueError for another type."""
-    from lucedesk.kernels.quantized import MXFP4_LEVELS
-
     if type_name in FOUR_BIT_TYPES:
         return Levels(*four_bit_groups(raw, type_name), bits=4)
     if type_name == "MXFP4":
@@ -87,3 +107,47 @@ def block_levels(raw: np.ndarray, type_name: str) -> Levels:
         q = blocks[:, 2:].copy().view(np.int8).astype(np.int16)
         return Levels((q + 128).astype(np.uint8).reshape(-1), d, -128 * d, 8)
     raise ValueError(f"{type_name} blocks are not held as levels ({', '.join(LEVEL_TYPES)})")
+
+
+def four_bit_matrix(
+    raw: np.ndarray, type_name: str, shape: tuple[int, ...]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A [rows, cols] tensor's blocks of a 4-bit type -> (levels uint8 [rows, cols], d and m
+    float32 [rows, cols / 32])."""
+    rows, cols = shape
+    levels, d, m = (torch.from_numpy(a) for a in four_bit_groups(raw, type_name))
+    return levels.view(rows, cols), d.view(rows, -1), m.view(rows, -1)
+
+
+def dequantize_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """A tensor's bytes in one of SUPPORTED_TYPES -> its values as float32 `shape` (PyTorch
+    order), through the gguf package's decoders for the block types."""
+    from gguf import GGMLQuantizationType, quants
+
+    if type_name == "F32":
+        array = raw.view(np.float32).reshape(shape).copy()
+    elif type_name == "F16":
+        array = raw.view(np.float16).reshape(shape).astype(np.float32)
+    else:
+        rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
+        array = quants.dequantize(raw.reshape(rows, -1), GGMLQuantizationType[type_name])
+        array = np.ascontiguousarray(array, dtype=np.float32).reshape(shape)
+    return torch.from_numpy(array)
+
+
+@dataclass(frozen=True)
+class FourBitBlocks:
+    """One fused projection's blocks; read and decoded only when `groups` is asked for, so
+    checking a file's types costs nothing."""
+
+    type_name: str  # the first part not in a 4-bit type, else the first part's
+    decode: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None
+
+    @property
+    def four_bit(self) -> bool:
+        return self.decode is not None
+
+    @functools.cached_property
+    def groups(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(levels, d, m), or None when a part is not in a 4-bit type."""
+        return None if self.decode is None else self.decode()

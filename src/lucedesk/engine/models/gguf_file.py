@@ -1,15 +1,13 @@
-"""Reading llama.cpp GGUF files: model config, dequantized weights (the shared names of
-family.py), the 4-bit blocks of the dense projections, and each expert's slice of a mixture's
-3-D expert tensors."""
+"""Reading llama.cpp GGUF files: the header (metadata, tensor table), the model config, and
+each tensor's bytes from a memory map: dequantized weights under the shared names of
+family.py, the 4-bit blocks of the dense projections, and each expert's slice of a mixture's
+3-D expert tensors. The block formats themselves are decoded in gguf_blocks.py."""
 
 from __future__ import annotations
 
-import functools
-import logging
 import math
 import mmap
 import struct
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,25 +18,17 @@ import torch
 from lucedesk.engine.models.config import ModelConfig
 from lucedesk.engine.models.families import BY_GGUF_ARCH
 from lucedesk.engine.models.family import Family
-from lucedesk.engine.models.gguf_blocks import FOUR_BIT_TYPES, Levels, block_levels
+from lucedesk.engine.models.gguf_blocks import (
+    FOUR_BIT_TYPES,
+    SUPPORTED_TYPES,
+    FourBitBlocks,
+    Levels,
+    block_levels,
+    dequantize_blocks,
+    four_bit_matrix,
+)
 from lucedesk.errors import ModelLoadError
 
-log = logging.getLogger(__name__)
-
-SUPPORTED_TYPES = (
-    "F32",
-    "F16",
-    "BF16",
-    "Q8_0",
-    "Q4_0",
-    "Q4_1",
-    "Q5_0",
-    "Q5_1",
-    "Q4_K",
-    "Q5_K",
-    "Q6_K",
-    "MXFP4",
-)
 # A mixture's experts: one 3-D tensor per projection, [experts, rows, cols] in PyTorch order
 # (gate and up apart, or fused with the gate rows first).
 EXPERT_PARTS = {
@@ -122,24 +112,6 @@ class TensorInfo:
     type_id: int
     offset: int  # absolute offset of the data in the file
     nbytes: int
-
-
-@dataclass(frozen=True)
-class FourBitBlocks:
-    """One fused projection's blocks; read and decoded only when `groups` is asked for, so
-    checking a file's types costs nothing."""
-
-    type_name: str  # the first part not in a 4-bit type, else the first part's
-    decode: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None
-
-    @property
-    def four_bit(self) -> bool:
-        return self.decode is not None
-
-    @functools.cached_property
-    def groups(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """(levels, d, m), or None when a part is not in a 4-bit type."""
-        return None if self.decode is None else self.decode()
 
 
 class _Cursor:
@@ -313,25 +285,17 @@ class GGUFFile:
             raise ModelLoadError(f"{self.path}: missing tensor {name!r}")
         return self._dequantize(info)
 
-    def _dequantize(self, t: TensorInfo) -> torch.Tensor:
-        from gguf import GGMLQuantizationType, quants
+    def raw(self, t: TensorInfo) -> np.ndarray:
+        """A tensor's bytes (its blocks), read from the memory map without a copy."""
+        return np.frombuffer(self._map, np.uint8, t.nbytes, t.offset)
 
+    def _dequantize(self, t: TensorInfo) -> torch.Tensor:
         if t.type_name not in SUPPORTED_TYPES:
             raise ModelLoadError(
                 f"{self.path}: tensor {t.name!r} has type {t.type_name}, which lucedesk does not "
                 f"load (supported: {', '.join(SUPPORTED_TYPES)})"
             )
-        raw = np.frombuffer(self._map, np.uint8, t.nbytes, t.offset)
-        rows = math.prod(t.shape[:-1]) if len(t.shape) > 1 else 1
-        qtype = GGMLQuantizationType(t.type_id)
-        if t.type_name == "F32":
-            array = raw.view(np.float32).reshape(t.shape).copy()
-        elif t.type_name == "F16":
-            array = raw.view(np.float16).reshape(t.shape).astype(np.float32)
-        else:
-            array = quants.dequantize(raw.reshape(rows, -1), qtype)
-            array = np.ascontiguousarray(array, dtype=np.float32).reshape(t.shape)
-        return torch.from_numpy(array)
+        return dequantize_blocks(self.raw(t), t.type_name, t.shape)
 
     def projection_tensors(self, layer: int | None, proj: str) -> list[TensorInfo]:
         """The tensors behind one fused projection (`layer` None: the LM head, which is
@@ -355,21 +319,18 @@ class GGUFFile:
             f"{self.path}: missing tensor 'blk.{layer}.{EXPERT_PARTS[proj][0][0]}.weight'"
         )
 
-    def expert_slice(self, t: TensorInfo, expert: int) -> np.ndarray:
-        """One expert's raw blocks of a 3-D expert tensor."""
+    def expert_slice(self, t: TensorInfo, expert: int) -> TensorInfo:
+        """One expert's [rows, cols] part of a 3-D expert tensor."""
         per_expert = t.nbytes // t.shape[0]
-        return np.frombuffer(self._map, np.uint8, per_expert, t.offset + expert * per_expert)
+        offset = t.offset + expert * per_expert
+        return TensorInfo(t.name, t.shape[1:], t.type_name, t.type_id, offset, per_expert)
 
     def expert_levels(self, t: TensorInfo, expert: int) -> Levels:
-        return block_levels(self.expert_slice(t, expert), t.type_name)
+        return block_levels(self.raw(self.expert_slice(t, expert)), t.type_name)
 
     def dequantize_expert(self, t: TensorInfo, expert: int) -> torch.Tensor:
         """One expert's [rows, cols] weight in float32."""
-        per_expert = t.nbytes // t.shape[0]
-        offset = t.offset + expert * per_expert
-        return self._dequantize(
-            TensorInfo(t.name, t.shape[1:], t.type_name, t.type_id, offset, per_expert)
-        )
+        return self._dequantize(self.expert_slice(t, expert))
 
     def four_bit(self, config: ModelConfig, layer: int | None, proj: str) -> FourBitBlocks:
         """One fused projection as 4-bit levels with an affine scale per group of 32
@@ -387,10 +348,7 @@ class GGUFFile:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         parts = []
         for t in infos:
-            raw = np.frombuffer(self._map, np.uint8, t.nbytes, t.offset)
-            levels, d, m = (torch.from_numpy(a) for a in block_levels(raw, t.type_name)[:3])
-            rows, cols = t.shape
-            levels, d, m = levels.view(rows, cols), d.view(rows, -1), m.view(rows, -1)
+            levels, d, m = four_bit_matrix(self.raw(t), t.type_name, t.shape)
             if self.family.permuted_qk and t.name.endswith(("attn_q.weight", "attn_k.weight")):
                 heads = config.num_heads if "attn_q" in t.name else config.num_kv_heads
                 levels, d, m = (unpermute(x, heads) for x in (levels, d, m))
