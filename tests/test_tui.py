@@ -11,7 +11,7 @@ import pytest
 from textual.widgets import TextArea
 
 from lucedesk.agent import AgentSession, Approvals
-from lucedesk.agent import session as agent_session
+from lucedesk.agent import children as agent_children
 from lucedesk.engine.runner import TorchSeqEngine
 from lucedesk.store import Store
 from lucedesk.tui.app import LucedeskApp
@@ -190,8 +190,8 @@ async def test_escape_mid_reply_frees_the_slot(env):
 
 async def test_fanout_splits_runs_children_at_once_then_synthesizes(env, monkeypatch):
     # A random model writes its strings to their longest: short ones keep the split quick.
-    monkeypatch.setattr(agent_session, "SUBTASK_TITLE_CHARS", 8)
-    monkeypatch.setattr(agent_session, "SUBTASK_CHARS", 24)
+    monkeypatch.setattr(agent_children, "SUBTASK_TITLE_CHARS", 8)
+    monkeypatch.setattr(agent_children, "SUBTASK_CHARS", 24)
     app = make_app(env, slots=4)
     async with app.run_test(size=SIZE) as pilot:
         screen = await started(pilot)

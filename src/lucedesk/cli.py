@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from lucedesk import __version__
+from lucedesk.agent.agent_types import SWITCHES, TASK_TYPES, TYPES
 from lucedesk.errors import LucedeskError
 
 
@@ -56,9 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--tools",
-        choices=["on", "read", "off"],
+        choices=list(SWITCHES),
         default="on",
-        help="TUI: tools of new sessions: on (all), read (read-only) or off (plain chat)",
+        help="TUI: tools of new sessions: "
+        + ", ".join(f"{t.switch} ({t.summary})" for t in TYPES.values()),
     )
     parser.add_argument("--allow-edits", action="store_true", help="TUI: edit without asking")
     parser.add_argument(
@@ -85,9 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--json", action="store_true", help="print the whole transcript as JSON")
     agent.add_argument(
         "--agent",
-        choices=["general", "explore"],
+        choices=list(TASK_TYPES),
         default="general",
-        help="general: every tool; explore: read-only tools (default general)",
+        help="; ".join(f"{name}: {TYPES[name].summary}" for name in TASK_TYPES)
+        + " (default general)",
     )
     agent.add_argument("--allow-edits", action="store_true", help="write files without asking")
     agent.add_argument("--allow-commands", action="store_true", help="run commands without asking")
@@ -234,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return bench(args)
         if args.command == "agent":
-            from lucedesk.commands import agent
+            from lucedesk.agent_cli import agent
 
             return agent(args)
         if args.command == "serve":

@@ -146,20 +146,6 @@ def bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def agent(args: argparse.Namespace) -> int:
-    from lucedesk.agent.headless import backend_from_args, run_headless
-    from lucedesk.store import Store, data_dir
-
-    store = Store(data_dir() / "sessions.db")
-    backend, built = backend_from_args(args)
-    try:
-        return run_headless(args, store, backend)
-    finally:
-        if built is not None:
-            built.engine.shutdown()
-        store.close()
-
-
 def show_profiles(args: argparse.Namespace) -> int:
     from lucedesk import profile
     from lucedesk.config import field_names
@@ -249,7 +235,7 @@ def tui(args: argparse.Namespace) -> int:
         from lucedesk.server import check_host
 
         check_host(args.host, None)
-    from lucedesk.agent import Approvals
+    from lucedesk.agent import SWITCHES, Approvals
     from lucedesk.agent.mcp import default_mcp_config_path
 
     workspace = Path(args.workspace).expanduser()
@@ -261,7 +247,7 @@ def tui(args: argparse.Namespace) -> int:
         host,
         Store(data / "sessions.db"),
         workspace=workspace,
-        agent_type={"on": "general", "read": "explore", "off": "chat"}[args.tools],
+        agent_type=SWITCHES[args.tools],
         approvals=Approvals(args.allow_edits, args.allow_commands),
         mcp_config=None if args.no_mcp else Path(args.mcp_config or default_mcp_config_path()),
     )

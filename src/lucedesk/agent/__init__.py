@@ -1,7 +1,8 @@
 """Agents: a session runs the loop model turn → tool calls → results → model turn, with tools
 confined to a workspace, approvals for writes and commands, MCP servers' tools, and the
 `task` tool that runs child sessions in parallel engine slots. No Textual here: the TUI, the
-headless `lucedesk agent` and the tests all drive these same classes.
+headless `lucedesk agent` (through `run_to_answer`) and the tests all drive these same
+classes.
 
     runtime = Runtime(EngineBackend(lambda: engine), store, Approvals(ask=...))
     record = store.create_session("fix the bug", agent_type="general", workspace="/src/app")
@@ -10,6 +11,7 @@ headless `lucedesk agent` and the tests all drive these same classes.
 
 from __future__ import annotations
 
+from lucedesk.agent.agent_types import SWITCHES, TASK_TYPES, AgentType
 from lucedesk.agent.approvals import ApprovalRequest, Approvals
 from lucedesk.agent.backend import Backend, EngineBackend, OpenAIBackend
 from lucedesk.agent.events import (
@@ -22,7 +24,9 @@ from lucedesk.agent.events import (
     ReasoningStreamed,
     TextStreamed,
 )
-from lucedesk.agent.session import AgentResult, AgentSession, Limits, Runtime
+from lucedesk.agent.run import Answer, run_to_answer
+from lucedesk.agent.runtime import AgentResult, Limits, Runtime
+from lucedesk.agent.session import AgentSession
 from lucedesk.agent.tools import AGENT_TYPES, BUILTIN, ToolContext, ToolError, ToolSpec, tools_for
 from lucedesk.agent.workspace import Workspace
 
@@ -32,6 +36,8 @@ __all__ = [
     "AgentEvent",
     "AgentResult",
     "AgentSession",
+    "AgentType",
+    "Answer",
     "ApprovalRequest",
     "Approvals",
     "Backend",
@@ -45,10 +51,13 @@ __all__ = [
     "PhaseChanged",
     "Runtime",
     "ReasoningStreamed",
+    "SWITCHES",
+    "TASK_TYPES",
     "TextStreamed",
     "ToolContext",
     "ToolError",
     "ToolSpec",
     "Workspace",
+    "run_to_answer",
     "tools_for",
 ]

@@ -12,7 +12,7 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
-from lucedesk.agent.tools.base import ToolError
+from lucedesk.agent.tool_error import ToolError
 
 # What file systems hold (Linux's PATH_MAX and NAME_MAX): longer is an error naming the field.
 MAX_PATH_BYTES = 4096

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from lucedesk.agent import SWITCHES
 from lucedesk.engine import ToolChoice
 from lucedesk.tui.messages import SessionsChanged
 
@@ -35,7 +36,7 @@ async def fanout(pane: ChatPane, rest: str) -> None:
 
 
 async def tools(pane: ChatPane, rest: str) -> None:
-    modes = {"off": "chat", "read": "explore", "on": "general"}
+    modes = SWITCHES
     if rest not in modes:
         raise ValueError("/tools on (every tool), read (read-only) or off")
     s = pane.session

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from lucedesk.agent.agent_types import AGENT_TYPES, type_named
 from lucedesk.agent.tools import (
     edit_file,
     glob,
@@ -24,17 +25,18 @@ BUILTIN: tuple[ToolSpec, ...] = (
     run_command.TOOL,
 )
 TASK = task.TOOL
-AGENT_TYPES = ("chat", "explore", "general")  # chat: no tools
 
 
-def tools_for(agent_type: str, extra: list[ToolSpec], can_spawn: bool) -> list[ToolSpec]:
-    """What an agent of `agent_type` may call: explore agents only look; general agents get
-    every tool, MCP servers' tools and, below the depth limit, `task`."""
-    if agent_type == "chat":
-        return []
-    if agent_type == "explore":
-        return [t for t in BUILTIN if t.access == "read"]
-    return [*BUILTIN, *extra, *([TASK] if can_spawn else [])]
+def tools_for(type_name: str, extra: list[ToolSpec], can_spawn: bool) -> list[ToolSpec]:
+    """What an agent of type `type_name` may call (see agent_types): chat agents nothing,
+    explore agents the tools that only look; general agents every tool, MCP servers' tools
+    (`extra`) and, below the depth limit (`can_spawn`), `task`."""
+    kind = type_named(type_name)
+    return [
+        *(t for t in BUILTIN if t.access in kind.access),
+        *(extra if kind.mcp_tools else []),
+        *([TASK] if kind.delegates and can_spawn else []),
+    ]
 
 
 __all__ = ["AGENT_TYPES", "BUILTIN", "TASK", "ToolContext", "ToolError", "ToolSpec", "tools_for"]

@@ -8,6 +8,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from lucedesk.agent.tool_error import ToolError
+
 if TYPE_CHECKING:
     from lucedesk.agent.approvals import Approvals
     from lucedesk.agent.session import AgentSession
@@ -20,10 +22,6 @@ if TYPE_CHECKING:
 Access = Literal["read", "write", "exec", "task"]
 
 MAX_RESULT_CHARS = 12_000  # what one tool result may put into the model's context
-
-
-class ToolError(Exception):
-    """A tool could not do what was asked; the message goes to the model as the result."""
 
 
 @dataclass(slots=True)
@@ -43,6 +41,9 @@ class ToolSpec:
     parameters: dict  # JSON Schema of the arguments object
     handler: Handler
     access: Access = "read"
+
+
+__all__ = ["MAX_RESULT_CHARS", "Access", "ToolContext", "ToolError", "ToolSpec", "capped", "schema"]
 
 
 def schema(properties: dict, required: list[str]) -> dict:

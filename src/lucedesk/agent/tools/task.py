@@ -6,12 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from lucedesk.agent.agent_types import AGENT_TYPES, TASK_TYPES, TYPES
 from lucedesk.agent.tools.base import ToolContext, ToolSpec, schema
-
-AGENT_TYPES = {
-    "explore": "read-only tools (read_file, list_dir, glob, grep): for looking things up",
-    "general": "every tool this agent has: for work that changes files or runs commands",
-}
 
 
 async def task(ctx: ToolContext, args: dict) -> str:
@@ -25,12 +21,12 @@ TOOL = ToolSpec(
     "Start a subagent for a self-contained subtask. It starts with a fresh context (it sees "
     "only `prompt`, so put everything it needs there), works with its own tools and returns "
     "one final message. Call task several times in one turn to run subagents in parallel. "
-    "Agent types: " + "; ".join(f"{k}: {v}" for k, v in AGENT_TYPES.items()) + ".",
+    "Agent types: " + "; ".join(f"{k}: {TYPES[k].description}" for k in TASK_TYPES) + ".",
     schema(
         {
             "description": {"type": "string", "description": "a short title (3-6 words)"},
             "prompt": {"type": "string", "description": "the whole task for the subagent"},
-            "agent_type": {"type": "string", "enum": list(AGENT_TYPES)},
+            "agent_type": {"type": "string", "enum": list(TASK_TYPES)},
         },
         ["description", "prompt"],
     ),
@@ -46,7 +42,10 @@ FANOUT = replace(
         **TOOL.parameters,
         "properties": {
             **TOOL.parameters["properties"],
-            "agent_type": {"type": "string", "enum": [*AGENT_TYPES, "chat"]},
+            "agent_type": {
+                "type": "string",
+                "enum": [*TASK_TYPES, *(k for k in AGENT_TYPES if k not in TASK_TYPES)],
+            },
         },
     },
 )

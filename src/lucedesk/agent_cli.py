@@ -11,15 +11,29 @@ import json
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from lucedesk.agent.approvals import ApprovalRequest, Approvals
-from lucedesk.agent.backend import Backend, EngineBackend, OpenAIBackend
-from lucedesk.agent.events import AgentEvent, ChildStarted, MessageAdded, MessageDone
-from lucedesk.agent.session import AgentSession, Limits, Runtime
-from lucedesk.agent.workspace import Workspace
+from lucedesk.agent import (
+    AgentEvent,
+    ApprovalRequest,
+    Approvals,
+    Backend,
+    ChildStarted,
+    EngineBackend,
+    Limits,
+    MessageAdded,
+    MessageDone,
+    OpenAIBackend,
+    Workspace,
+    run_to_answer,
+)
+from lucedesk.commands import build_from_args
 from lucedesk.engine import ToolChoice
 from lucedesk.errors import ConfigError
-from lucedesk.store import Session, Store
+from lucedesk.store import Session, Store, data_dir
+
+if TYPE_CHECKING:
+    from lucedesk.agent.mcp import McpHub
 
 
 def parse_tool_choices(text: str) -> list[ToolChoice]:
@@ -121,70 +135,76 @@ def check_args(args: argparse.Namespace) -> tuple[Workspace, list[ToolChoice]]:
     return workspace, choices
 
 
-def run_headless(args: argparse.Namespace, store: Store, backend: Backend) -> int:
-    workspace, choices = check_args(args)
-    ask = TerminalAsk() if sys.stdin.isatty() and not args.json else None
-    approvals = Approvals(args.allow_edits, args.allow_commands, ask)
-    return asyncio.run(_run(args, store, backend, workspace, choices, approvals))
-
-
-async def _run(args, store, backend, workspace, choices, approvals) -> int:
-    hub = None
-    if not args.no_mcp:
-        from lucedesk.agent.mcp import McpHub, default_mcp_config_path, load_mcp_config
-
-        path = Path(args.mcp_config) if args.mcp_config else default_mcp_config_path()
-        servers = load_mcp_config(path)
-        if servers:
-            hub = McpHub()
-            await hub.start(servers)
-            for name, error in hub.errors.items():
-                Progress.say(f"lucedesk: MCP server {name} is off: {error}")
-    runtime = Runtime(
-        backend,
-        store,
-        approvals,
-        extra_tools=hub.tools if hub is not None else [],
-        observer=Progress(args.json),
-        limits=Limits(max_steps=args.max_steps, max_depth=args.max_depth),
-    )
-    record = store.create_session(
-        args.prompt.strip().splitlines()[0][:60] or "agent",
-        system_prompt=args.system or "",
-        temperature=args.temperature,
-        max_tokens=args.max_tokens,
-        agent_type=args.agent,
-        workspace=str(workspace.root),
-        backend_url=getattr(backend, "url", ""),
-    )
-    session = AgentSession(runtime, record, tool_choices=choices)
-    task = asyncio.ensure_future(session.send(args.prompt))
-    try:
-        result = await asyncio.shield(task)
-    except asyncio.CancelledError:  # Ctrl-C: the session and its children stop, then we do
-        session.cancel()
-        result = await task
-    finally:
-        if hub is not None:
-            await hub.stop()
-    if args.json:
-        out = {"status": result.status, "final": result.text, "error": result.error}
-        out["session"] = transcript(store, record)
-        print(json.dumps(out, indent=2, ensure_ascii=False))
-    else:
-        print(result.text)
-        if result.status != "done":
-            Progress.say(f"lucedesk: the agent ended with {result.status}: {result.error}")
-    return 0 if result.status == "done" else 1
-
-
 def backend_from_args(args: argparse.Namespace) -> tuple[Backend, object | None]:
     """The remote server named by --base-url, else the in-process engine (built here; the
     caller shuts it down). The arguments are checked first: a typo costs no model load."""
     check_args(args)
     if args.base_url:
         return OpenAIBackend(args.base_url, args.api_key), None
-    from lucedesk.commands import build_from_args
-
     built = build_from_args(args)
     return EngineBackend(lambda: built.engine), built
+
+
+async def start_mcp(args: argparse.Namespace) -> McpHub | None:
+    """The MCP servers of --mcp-config (or the config folder's file), started; None without
+    any, or with --no-mcp. A server that fails to start is named on stderr and left off."""
+    if args.no_mcp:
+        return None
+    from lucedesk.agent.mcp import McpHub, default_mcp_config_path, load_mcp_config  # the SDK
+
+    path = Path(args.mcp_config) if args.mcp_config else default_mcp_config_path()
+    servers = load_mcp_config(path)
+    if not servers:
+        return None
+    hub = McpHub()
+    await hub.start(servers)
+    for name, error in hub.errors.items():
+        Progress.say(f"lucedesk: MCP server {name} is off: {error}")
+    return hub
+
+
+async def run_agent(args: argparse.Namespace, store: Store, backend: Backend) -> int:
+    """Runs the session the arguments describe and prints its answer (or transcript)."""
+    workspace, choices = check_args(args)
+    ask = TerminalAsk() if sys.stdin.isatty() and not args.json else None
+    hub = await start_mcp(args)
+    try:
+        answer = await run_to_answer(
+            backend,
+            store,
+            workspace,
+            args.prompt,
+            approvals=Approvals(args.allow_edits, args.allow_commands, ask),
+            limits=Limits(max_steps=args.max_steps, max_depth=args.max_depth),
+            agent_type=args.agent,
+            system=args.system or "",
+            temperature=args.temperature,
+            max_tokens=args.max_tokens,
+            tool_choices=choices,
+            extra_tools=hub.tools if hub is not None else [],
+            on_event=Progress(args.json),
+        )
+    finally:
+        if hub is not None:
+            await hub.stop()
+    if args.json:
+        out = {"status": answer.status, "final": answer.text, "error": answer.error}
+        out["session"] = transcript(store, answer.session)
+        print(json.dumps(out, indent=2, ensure_ascii=False))
+    else:
+        print(answer.text)
+        if answer.status != "done":
+            Progress.say(f"lucedesk: the agent ended with {answer.status}: {answer.error}")
+    return 0 if answer.status == "done" else 1
+
+
+def agent(args: argparse.Namespace) -> int:
+    """`lucedesk agent`: the exit code is 0 when the agent answered, 1 when it ended otherwise."""
+    store = Store(data_dir() / "sessions.db")
+    backend, built = backend_from_args(args)
+    try:
+        return asyncio.run(run_agent(args, store, backend))
+    finally:
+        if built is not None:
+            built.engine.shutdown()
+        store.close()

@@ -1,0 +1,116 @@
+"""Running one model turn's tool calls: each call stored as a tool message when it starts and
+given its result when it ends; arguments checked against the tool's schema; a ToolError, a
+tool's own bug or a call to a tool the session lacks all become a result the model reads, so
+the loop goes on. Approvals are asked inside the tools that write or run (ToolContext)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import TYPE_CHECKING
+
+import jsonschema
+
+from lucedesk.agent.events import MessageAdded, MessageDone
+from lucedesk.agent.tool_error import ToolError
+from lucedesk.agent.tools.base import ToolContext, ToolSpec
+from lucedesk.engine import ToolCall
+
+if TYPE_CHECKING:
+    from lucedesk.agent.session import AgentSession
+
+log = logging.getLogger(__name__)
+
+# (the call, its stored tool message, its tool or None when the session may not call it)
+Pending = tuple[ToolCall, dict, ToolSpec | None]
+
+
+async def run_calls(
+    session: AgentSession, calls: list[ToolCall], specs: dict[str, ToolSpec] | None = None
+) -> None:
+    """Runs one turn's calls (`specs`: the tools by name, the session's own by default). Calls
+    that only look (and task calls) run together; one that writes or runs something runs
+    alone, in the order the model wrote them."""
+    specs = specs if specs is not None else {t.name: t for t in session.tools()}
+    pending = []
+    for call in calls:
+        meta = {"tool_call_id": call.id, "name": call.name, "arguments": call.arguments}
+        message = session.store.add_message(session.record, "tool", "", "streaming", meta)
+        session.runtime.emit(MessageAdded(session, message))
+        pending.append((call, message))
+    children = 0
+    batch: list[Pending] = []
+    for call, message in pending:
+        spec = specs.get(call.name)
+        if spec is not None and spec.access == "task":
+            children += 1
+            if children > session.runtime.limits.max_children:
+                spec = None  # reported as too many below
+        together = spec is not None and spec.access in ("read", "task")
+        if not together and batch:
+            await _run_batch(session, batch)
+            batch = []
+        batch.append((call, message, spec))
+        if not together:
+            await _run_batch(session, batch)
+            batch = []
+    if batch:
+        await _run_batch(session, batch)
+
+
+async def _run_batch(session: AgentSession, batch: list[Pending]) -> None:
+    names = ", ".join(call.name for call, _, _ in batch)
+    session.set_phase(f"tool {names}" if len(batch) < 3 else f"{len(batch)} tools")
+    await asyncio.gather(
+        *(_run_call(session, call, message, spec) for call, message, spec in batch)
+    )
+
+
+async def _run_call(
+    session: AgentSession, call: ToolCall, message: dict, spec: ToolSpec | None
+) -> None:
+    meta = dict(message["meta"])
+    try:
+        text = await call_tool(session, call, spec)
+        meta["error"] = False
+    except ToolError as exc:
+        text, meta["error"] = f"error: {exc}", True
+    except asyncio.CancelledError:
+        meta["error"] = True
+        session.store.update_reply(message, "cancelled", "done", meta)
+        session.runtime.emit(MessageDone(session, message))
+        raise
+    except Exception as exc:  # a tool's own bug: the model and the log hear of it
+        log.exception("tool %s failed", call.name)
+        text, meta["error"] = f"error: the tool failed ({type(exc).__name__}: {exc})", True
+    session.store.update_reply(message, text, "done", meta)
+    session.runtime.emit(MessageDone(session, message))
+
+
+async def call_tool(session: AgentSession, call: ToolCall, spec: ToolSpec | None) -> str:
+    """The result of one call; a ToolError the model reads when the tool is not there, the
+    arguments do not fit its schema, or the tool itself refuses."""
+    if spec is None:
+        names = ", ".join(t.name for t in session.tools()) or "none"
+        if call.name == "task":
+            raise ToolError(
+                f"too many task calls in one turn (at most {session.runtime.limits.max_children})"
+                if any(t.name == "task" for t in session.tools())
+                else "task: the depth limit is reached; do this work yourself"
+            )
+        raise ToolError(f"unknown tool {call.name!r}; the tools are: {names}")
+    try:
+        args = json.loads(call.arguments or "{}")
+    except ValueError as exc:
+        raise ToolError(f"arguments: not valid JSON ({exc})") from None
+    problem = jsonschema.Draft202012Validator(spec.parameters).iter_errors(args)
+    first = jsonschema.exceptions.best_match(problem)
+    if first is not None:
+        where = "/".join(str(p) for p in first.absolute_path) or "arguments"
+        raise ToolError(f"{where}: {first.message} (the arguments of {spec.name})")
+    workspace = session.workspace
+    if workspace is None and spec.access != "task":
+        raise ToolError("this session has no workspace")
+    ctx = ToolContext(workspace, session.runtime.approvals, session)
+    return await spec.handler(ctx, args)
