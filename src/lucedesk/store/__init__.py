@@ -21,44 +21,21 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from lucedesk.owner import Owner
+from lucedesk.store.schema import create_tables
+from lucedesk.store.session import (
+    EDITABLE_COLUMNS,
+    SESSION_COLUMNS,
+    Session,
+    last_user_id,
+    message_notes,
+)
+
+__all__ = ["Session", "Store", "data_dir", "last_user_id", "message_notes"]
 
 log = logging.getLogger(__name__)
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS sessions (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    title TEXT NOT NULL,
-    system_prompt TEXT NOT NULL DEFAULT '',
-    temperature REAL NOT NULL DEFAULT 0.7,
-    max_tokens INTEGER NOT NULL DEFAULT 512,
-    kind TEXT NOT NULL DEFAULT 'chat',
-    parent_id INTEGER,
-    created REAL NOT NULL,
-    backend_url TEXT NOT NULL DEFAULT '',
-    status TEXT NOT NULL DEFAULT 'idle',  -- idle | running | done | cancelled | error | ...
-    agent_type TEXT NOT NULL DEFAULT 'chat',  -- chat (no tools) | explore | general
-    workspace TEXT NOT NULL DEFAULT '',
-    owner TEXT NOT NULL DEFAULT ''  -- the Owner token of the process running it
-);
-CREATE TABLE IF NOT EXISTS messages (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    session_id INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
-    role TEXT NOT NULL,
-    content TEXT NOT NULL,
-    created REAL NOT NULL,
-    status TEXT NOT NULL DEFAULT 'done',  -- done | streaming | interrupted | aside<n>:<that>
-    meta TEXT NOT NULL DEFAULT '{}',
-    owner TEXT NOT NULL DEFAULT ''  -- the Owner token of the process writing it
-);
-CREATE TABLE IF NOT EXISTS settings (  -- the TUI's layout: open panes, what is shown
-    key TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-"""
 
 
 def data_dir() -> Path:
@@ -66,53 +43,6 @@ def data_dir() -> Path:
     import platformdirs
 
     return Path(os.environ.get("LUCEDESK_DATA_DIR") or platformdirs.user_data_dir("lucedesk"))
-
-
-@dataclass
-class Session:
-    id: int
-    title: str
-    system_prompt: str = ""
-    temperature: float = 0.7
-    max_tokens: int = 512
-    kind: str = "chat"  # chat | subagent
-    parent_id: int | None = None
-    backend_url: str = ""  # "" = the in-process engine, else an OpenAI-compatible server
-    status: str = "idle"
-    agent_type: str = "chat"  # chat (no tools) | explore (read-only tools) | general
-    workspace: str = ""
-    # {"role", "content", "status", "meta", "id"}
-    messages: list[dict] = field(default_factory=list)
-
-    def chat_messages(self) -> list[dict]:
-        """What the model sees, in the engine's neutral message shape: the system prompt,
-        then the conversation (without a reply or tool call still being written)."""
-        from lucedesk.engine import ToolCall
-
-        out = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        for m in self.messages:
-            if m.get("status") == "streaming":
-                continue
-            meta = m.get("meta") or {}
-            if m["role"] == "assistant" and meta.get("tool_calls"):
-                calls = [ToolCall(c["id"], c["name"], c["arguments"]) for c in meta["tool_calls"]]
-                out.append(
-                    {"role": "assistant", "content": m["content"] or None, "tool_calls": calls}
-                )
-            elif m["role"] == "tool":
-                out.append(
-                    {
-                        "role": "tool",
-                        "tool_call_id": meta.get("tool_call_id", ""),
-                        "name": meta.get("name", ""),
-                        "content": m["content"],
-                    }
-                )
-            else:  # a /fanout line: the model reads the prompt it stands for
-                out.append({"role": m["role"], "content": meta.get("prompt", m["content"])})
-            if m["role"] == "assistant" and meta.get("reasoning"):  # the template decides
-                out[-1]["reasoning"] = meta["reasoning"]
-        return out
 
 
 class Store:
@@ -127,8 +57,7 @@ class Store:
         if self.journal_mode != "wal":
             log.warning("%s: WAL is not available here (journal mode %s)", path, self.journal_mode)
         self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.executescript(SCHEMA)
-        self._add_missing_columns()
+        create_tables(self._db)
         self.owner = Owner(path.parent / f"{path.name}.owners")
         self.interrupt_orphans()
 
@@ -153,27 +82,6 @@ class Store:
                     "WHERE status = 'running' AND owner = ?",
                     (owner,),
                 )
-
-    def _add_missing_columns(self) -> None:
-        """A store written by an older lucedesk gains the columns added since."""
-        added = {
-            "messages": {
-                "status": "TEXT NOT NULL DEFAULT 'done'",
-                "meta": "TEXT NOT NULL DEFAULT '{}'",
-                "owner": "TEXT NOT NULL DEFAULT ''",
-            },
-            "sessions": {
-                "status": "TEXT NOT NULL DEFAULT 'idle'",
-                "agent_type": "TEXT NOT NULL DEFAULT 'chat'",
-                "workspace": "TEXT NOT NULL DEFAULT ''",
-                "owner": "TEXT NOT NULL DEFAULT ''",
-            },
-        }
-        for table, columns in added.items():
-            present = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
-            for name, decl in columns.items():
-                if name not in present:
-                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
@@ -205,53 +113,33 @@ class Store:
         workspace: str = "",
         backend_url: str = "",
     ) -> Session:
+        session = Session(
+            0,  # the row's own, once inserted
+            title,
+            system_prompt=system_prompt,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            kind=kind,
+            parent_id=parent_id,
+            backend_url=backend_url,
+            agent_type=agent_type,
+            workspace=workspace,
+        )
+        columns = [c for c in SESSION_COLUMNS if c != "id"]
         with self._lock:
             cur = self._db.execute(
-                "INSERT INTO sessions (title, system_prompt, temperature, max_tokens, kind, "
-                "parent_id, created, agent_type, workspace, backend_url) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    title,
-                    system_prompt,
-                    temperature,
-                    max_tokens,
-                    kind,
-                    parent_id,
-                    time.time(),
-                    agent_type,
-                    workspace,
-                    backend_url,
-                ),
+                f"INSERT INTO sessions ({', '.join(columns)}, created) "
+                f"VALUES ({', '.join('?' * len(columns))}, ?)",
+                (*(getattr(session, c) for c in columns), time.time()),
             )
-        return Session(
-            cur.lastrowid,
-            title,
-            system_prompt,
-            temperature,
-            max_tokens,
-            kind,
-            parent_id,
-            backend_url,
-            "idle",
-            agent_type,
-            workspace,
-        )
+        session.id = cur.lastrowid
+        return session
 
     def update_session(self, session: Session) -> None:
         with self._lock:
             self._db.execute(
-                "UPDATE sessions SET title=?, system_prompt=?, temperature=?, max_tokens=?, "
-                "backend_url=?, agent_type=?, workspace=? WHERE id=?",
-                (
-                    session.title,
-                    session.system_prompt,
-                    session.temperature,
-                    session.max_tokens,
-                    session.backend_url,
-                    session.agent_type,
-                    session.workspace,
-                    session.id,
-                ),
+                f"UPDATE sessions SET {', '.join(f'{c}=?' for c in EDITABLE_COLUMNS)} WHERE id=?",
+                (*(getattr(session, c) for c in EDITABLE_COLUMNS), session.id),
             )
 
     def set_status(self, session: Session, status: str) -> None:
@@ -412,8 +300,7 @@ class Store:
     def _load(self, where: str, args: tuple) -> list[Session]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT id, title, system_prompt, temperature, max_tokens, kind, parent_id, "
-                f"backend_url, status, agent_type, workspace FROM sessions {where} ORDER BY id",
+                f"SELECT {', '.join(SESSION_COLUMNS)} FROM sessions {where} ORDER BY id",
                 args,
             ).fetchall()
             out = [Session(*row) for row in rows]
@@ -436,24 +323,3 @@ class Store:
                 (session_id,),
             )
         ]
-
-
-def last_user_id(session: Session) -> int:
-    """The id of the session's last user message (0 when there is none): what follows it is
-    the reply a regenerate sets aside."""
-    return next((m["id"] for m in reversed(session.messages) if m["role"] == "user"), 0)
-
-
-def message_notes(m: dict) -> list[str]:
-    """How a stored message ended, when not plainly: interrupted (the process died), stopped
-    (Esc), max tokens, or the error."""
-    meta = m.get("meta") or {}
-    if m.get("status") == "interrupted":
-        return ["interrupted"]
-    if meta.get("error"):
-        return [f"error: {meta['error']}"]
-    if meta.get("cut"):
-        return ["max tokens"]
-    if meta.get("stopped"):
-        return ["stopped"]
-    return []
