@@ -13,7 +13,7 @@ import pytest
 from textual.widgets import Input, Static
 
 from lucedesk.agent import Runtime
-from lucedesk.tui.screens.keys import KeysScreen, main_keys
+from lucedesk.tui.screens.keys import KeysScreen, key_rows
 from lucedesk.tui.screens.main import MainScreen
 from lucedesk.tui.slash import COMMANDS
 from lucedesk.tui.widgets.chat_input import ChatInput
@@ -50,6 +50,11 @@ def scripted(app, script) -> ScriptedBackend:
         backend, app.store, agents.approvals, [], agents.observe, watched=agents.watched
     )
     return backend
+
+
+def main_keys() -> list[tuple[str, str]]:
+    """The main screen's keys as the key overlay lists them."""
+    return key_rows(MainScreen.BINDINGS)
 
 
 def notices(app) -> str:

@@ -121,9 +121,7 @@ async def export(pane: ChatPane, rest: str) -> None:
 
 
 async def help_(pane: ChatPane, rest: str) -> None:
-    from lucedesk.tui.screens.keys import KeysScreen
-
-    pane.app.push_screen(KeysScreen())
+    await pane.screen.run_action("keys")  # what F1 does
 
 
 COMMANDS = [

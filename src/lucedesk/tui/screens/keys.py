@@ -1,9 +1,12 @@
 """Every key and slash command on one screen (F1, `?` where no input takes it, /help),
-written from the bindings and the command table themselves, so it cannot drift."""
+written from the bindings and the command table the main screen hands it, so it cannot
+drift."""
 
 from __future__ import annotations
 
 import io
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
@@ -13,8 +16,10 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
-from lucedesk.tui.slash import COMMANDS
 from lucedesk.tui.widgets.session_list import MARKS, MEANINGS
+
+if TYPE_CHECKING:
+    from lucedesk.tui.slash import Command
 
 INPUT_KEYS = [
     ("Enter", "send the message (or run the /command)"),
@@ -38,11 +43,10 @@ def key_name(key: str) -> str:
     return "+".join(names.get(p, p.upper() if len(p) <= 3 else p.title()) for p in key.split("+"))
 
 
-def main_keys() -> list[tuple[str, str]]:
-    from lucedesk.tui.screens.main import MainScreen
-
+def key_rows(bindings: Iterable[Binding]) -> list[tuple[str, str]]:
+    """One row per action: its keys ("F1 / ?") and what it does."""
     rows: dict[str, list[str]] = {}
-    for b in MainScreen.BINDINGS:
+    for b in bindings:
         rows.setdefault(b.description, []).append(key_name(b.key))
     return [(" / ".join(keys), action) for action, keys in rows.items()]
 
@@ -65,14 +69,15 @@ class KeysScreen(ModalScreen[None]):
     """
     BINDINGS = [Binding("escape,f1,q,question_mark", "app.pop_screen", "Close")]
 
-    def __init__(self) -> None:
+    def __init__(self, bindings: Iterable[Binding], commands: Iterable[Command]) -> None:
+        """`bindings`: the main screen's keys; `commands`: the slash commands."""
         super().__init__()
-        commands = [(f"/{c.name} {c.usage}".rstrip(), c.help) for c in COMMANDS]
+        command_rows = [(f"/{c.name} {c.usage}".rstrip(), c.help) for c in commands]
         marks = [(MARKS[k], MEANINGS[k]) for k in MARKS]
         self.tables = [
-            table("Anywhere (also while typing)", main_keys()),
+            table("Anywhere (also while typing)", key_rows(bindings)),
             table("In the input", INPUT_KEYS),
-            table("Slash commands, typed in the input", commands),
+            table("Slash commands, typed in the input", command_rows),
             table("In the sidebar", SIDEBAR_KEYS),
             table("Sidebar marks", marks),
             table("In dialogs", DIALOG_KEYS),

@@ -19,6 +19,8 @@ from lucedesk.tui.messages import (
     SessionRenameAsked,
     SessionsChanged,
 )
+from lucedesk.tui.screens.keys import KeysScreen
+from lucedesk.tui.slash import COMMANDS
 from lucedesk.tui.widgets.chat_input import ChatInput
 from lucedesk.tui.widgets.chat_pane import UNTITLED, ChatPane
 from lucedesk.tui.widgets.engine_status import EngineStatus
@@ -313,9 +315,7 @@ class MainScreen(Screen):
         self.save_layout()
 
     def action_keys(self) -> None:
-        from lucedesk.tui.screens.keys import KeysScreen
-
-        self.app.push_screen(KeysScreen())
+        self.app.push_screen(KeysScreen(self.BINDINGS, COMMANDS))
 
     async def action_regenerate(self) -> None:
         pane = self.pane()
