@@ -1,9 +1,11 @@
 """The TUI's side of agent sessions: one runtime per backend, the live AgentSession of each
-stored session, approvals asked in a dialog, and agent events posted to the main screen."""
+stored session, approvals asked in a dialog, and agent events posted to the screen that
+shows them."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from lucedesk.agent import (
@@ -36,12 +38,22 @@ class AgentRunner:
         self.approvals.review_split = self.review_split
         self.extra_tools: list = []  # MCP servers' tools, once started
         self.live: dict[int, AgentSession] = {}  # by stored session id
-        self.screen = None  # the main screen, once mounted: it renders agent events
+        # Where agent events go and which session the user watches: the main screen's,
+        # once it is mounted (show_on); until then events go nowhere and none is watched.
+        self._post: Callable[[AgentUpdate], bool] = lambda update: False
+        self._watched_id: Callable[[], int | None] = lambda: None
         # streamed text (and reasoning) not yet handed on, by reply and kind
         self._held: dict[tuple[int, type], TextStreamed | ReasoningStreamed] = {}
         self._flush_at: asyncio.TimerHandle | None = None
         self.runtimes: dict[str, Runtime] = {}
         self._asking = asyncio.Lock()  # one approval dialog at a time
+
+    def show_on(
+        self, post: Callable[[AgentUpdate], bool], watched_id: Callable[[], int | None]
+    ) -> None:
+        """Agent events are posted with `post`; `watched_id` says the id of the session the
+        user is watching (the focused pane's), or None."""
+        self._post, self._watched_id = post, watched_id
 
     def runtime(self, backend_url: str) -> Runtime:
         runtime = self.runtimes.get(backend_url)
@@ -80,8 +92,7 @@ class AgentRunner:
     def watched(self, agent: AgentSession) -> bool:
         """The session the focused pane shows is the one being watched: its turns keep their
         pace beside subagents and other panes (the slot monitor marks it »)."""
-        pane = self.screen.pane() if self.screen is not None else None
-        return pane is not None and pane.session.id == agent.id
+        return self._watched_id() == agent.id
 
     def running(self, session_id: int) -> bool:
         agent = self.live.get(session_id)
@@ -113,8 +124,7 @@ class AgentRunner:
             self.post(event)
 
     def post(self, event: AgentEvent) -> None:
-        if self.screen is not None:
-            self.screen.post_message(AgentUpdate(event))
+        self._post(AgentUpdate(event))
 
     async def ask(self, request: ApprovalRequest) -> bool:
         from lucedesk.tui.screens.approval import ApprovalDialog

@@ -81,7 +81,7 @@ class MainScreen(Screen):
         """The layout of the last run comes back: its panes, which had the focus, whether
         the sidebar and the monitor were shown."""
         app = self.app
-        app.agents.screen = self
+        app.agents.show_on(self.post_message, self.watched_id)
         store = app.store
         layout = store.setting("layout", {})
         shown = [store.session(i) for i in layout.get("panes", [])]
@@ -160,6 +160,11 @@ class MainScreen(Screen):
             return self.active
         panes = self.panes
         return panes[0] if panes else None
+
+    def watched_id(self) -> int | None:
+        """The session the user is watching: the focused pane's."""
+        pane = self.pane()
+        return pane.session.id if pane is not None else None
 
     def new_session(self, title: str) -> Session:
         """A chat with the app's default tools, working in the app's workspace."""
