@@ -104,12 +104,12 @@ class ScriptedBackend:
 
 
 def first_user(req: TurnRequest) -> str:
-    return next(m["content"] for m in req.messages if m["role"] == "user")
+    return next(m.content for m in req.messages if m.role == "user")
 
 
 def results(req: TurnRequest) -> dict[str, str]:
     """The tool results the model sees, by call id."""
-    return {m["tool_call_id"]: m["content"] for m in req.messages if m["role"] == "tool"}
+    return {m.tool_call_id: m.content for m in req.messages if m.role == "tool"}
 
 
 def call(name: str, arguments: dict | str, call_id: str | None = None) -> ToolCall:

@@ -315,7 +315,7 @@ async def test_an_agent_keeps_its_reasoning_apart(thinker, tmp_path):
         engine.shutdown()
     assert "<think>" not in prompts[0]
     history = record.chat_messages()
-    assert [m.get("reasoning") for m in history] == [None, "It is Paris.", None, "It is Paris."]
+    assert [m.reasoning for m in history] == ["", "It is Paris.", "", "It is Paris."]
     # This template shows the reasoning of the last reply only: the earlier one is left out.
     assert "<think>\nIt is Paris.\n</think>" not in prompts[1]
     last_turn = thinker.tokenizer.decode(engine.encode_chat(history).token_ids)

@@ -13,6 +13,7 @@ import textwrap
 
 import pytest
 
+from lucedesk.engine import ChatMessage
 from lucedesk.store import Store
 
 WRITER = textwrap.dedent(
@@ -78,7 +79,7 @@ def test_kill_9_mid_reply_keeps_every_written_message(tmp_path):
     assert content == "x" * len(content) and len(content) >= acknowledged
     assert len(messages) == 6
     # The interrupted reply is not sent to the model as if it were being written.
-    assert session.chat_messages()[-1] == {"role": "assistant", "content": content}
+    assert session.chat_messages()[-1] == ChatMessage("assistant", content)
     store.close()
 
 

@@ -215,7 +215,7 @@ async def test_fanout_splits_runs_children_at_once_then_synthesizes(env, monkeyp
         assert sorted(c.title for c in children) == ["first", "second", "third"]
         # the user's own line is shown; the model read the split prompt
         assert pane.session.messages[0]["content"] == "/fanout 3 list some ideas"
-        assert "3 distinct" in pane.session.chat_messages()[0]["content"]
+        assert "3 distinct" in pane.session.chat_messages()[0].content
         assert decoded_together(*(app.agents.live[c.id].owner for c in children))
         split, *results, synthesis = pane.session.messages[1:]
         assert [c["name"] for c in split["meta"]["tool_calls"]] == ["task"] * 3

@@ -35,10 +35,10 @@ def script(req):
     answer; the parent then answers from their results."""
     asked = first_user(req)
     if asked == "look around":
-        if not any(m["role"] == "tool" for m in req.messages):
+        if not any(m.role == "tool" for m in req.messages):
             return Reply(calls=(task("child A"), task("child B")))
         return Reply("both children reported back", tokens=2)
-    if not any(m["role"] == "tool" for m in req.messages):
+    if not any(m.role == "tool" for m in req.messages):
         return Reply(calls=(call("list_dir", {"path": "."}),))
     return Reply(f"{asked} is done", tokens=150)
 
@@ -93,7 +93,7 @@ async def test_an_edit_waits_for_approval_in_a_dialog(env):
     workspace = env[0] / "workspace"
 
     def edits(req):
-        if not any(m["role"] == "tool" for m in req.messages):
+        if not any(m.role == "tool" for m in req.messages):
             return Reply(calls=(call("write_file", {"path": "new.txt", "content": "hi\n"}),))
         return Reply("written")
 

@@ -134,7 +134,7 @@ async def test_tool_blocks_are_one_line_and_export_with_their_calls(env):
     (env[0] / "workspace" / "notes.txt").write_text("a note\n")
 
     def script(req):
-        done = sum(1 for m in req.messages if m["role"] == "tool")
+        done = sum(1 for m in req.messages if m.role == "tool")
         if done < 2:
             return Reply(calls=(call("read_file", {"path": "notes.txt"}),))
         return Reply("both read", tokens=900)  # running until Esc

@@ -72,7 +72,7 @@ def agent_app(tmp_path, monkeypatch, tiny_llama):
 
 
 def reads_then_writes(req):
-    done = sum(1 for m in req.messages if m["role"] == "tool")
+    done = sum(1 for m in req.messages if m.role == "tool")
     if done == 0:
         return Reply(calls=(call("read_file", {"path": "notes.txt"}),))
     if done == 1:

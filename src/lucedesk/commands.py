@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from lucedesk.engine import BuiltEngine
+from lucedesk.engine import BuiltEngine, ChatMessage
 
 
 def say(message: str) -> None:
@@ -65,8 +65,8 @@ def run_prompt(args: argparse.Namespace) -> int:
         if args.raw:
             prompt_ids = engine.tokenizer.encode(args.prompt)
         else:
-            messages = [{"role": "system", "content": args.system}] if args.system else []
-            messages.append({"role": "user", "content": args.prompt})
+            messages = [ChatMessage("system", args.system)] if args.system else []
+            messages.append(ChatMessage("user", args.prompt))
             prompt_ids = engine.encode_chat(messages).token_ids
         completion = None
         for out in engine.submit(prompt_ids, params, owner="cli"):
@@ -149,14 +149,14 @@ def bench(args: argparse.Namespace) -> int:
 def show_profiles(args: argparse.Namespace) -> int:
     from lucedesk import profile
     from lucedesk.config import field_names
-    from lucedesk.engine.build import (
+    from lucedesk.engine import (
         available_memory,
         derive_pool_tokens,
         kv_bytes_per_token,
+        read_model_config,
         resolve_device,
         resolve_dtype,
     )
-    from lucedesk.engine.models.loader import read_model_config
     from lucedesk.pull import resolve_model
 
     profiles = profile.all_profiles()

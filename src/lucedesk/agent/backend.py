@@ -48,33 +48,10 @@ class EngineBackend:
         return await turn.collect(on_text, on_reasoning)
 
 
-def wire_messages(messages: list[dict]) -> list[dict]:
-    """The neutral message shape in OpenAI's chat wire format."""
-    out = []
-    for m in messages:
-        if m["role"] == "assistant" and m.get("tool_calls"):
-            calls = [
-                {
-                    "id": c.id,
-                    "type": "function",
-                    "function": {"name": c.name, "arguments": c.arguments},
-                }
-                for c in m["tool_calls"]
-            ]
-            out.append({"role": "assistant", "content": m.get("content"), "tool_calls": calls})
-        elif m["role"] == "tool":
-            out.append({"role": "tool", "tool_call_id": m["tool_call_id"], "content": m["content"]})
-        else:
-            out.append({"role": m["role"], "content": m["content"]})
-        if m.get("reasoning"):  # as llama.cpp and lucedesk take it back
-            out[-1]["reasoning_content"] = m["reasoning"]
-    return out
-
-
 def wire_body(req: TurnRequest, model: str) -> dict:
     body: dict = {
         "model": model,
-        "messages": wire_messages(req.messages),
+        "messages": [m.openai() for m in req.messages],
         "stream": True,
         "stream_options": {"include_usage": True},
     }
@@ -84,17 +61,7 @@ def wire_body(req: TurnRequest, model: str) -> dict:
     if req.stop:
         body["stop"] = list(req.stop)
     if req.tools:
-        body["tools"] = [
-            {
-                "type": "function",
-                "function": {
-                    "name": t.name,
-                    "description": t.description,
-                    "parameters": t.parameters,
-                },
-            }
-            for t in req.tools
-        ]
+        body["tools"] = [t.openai() for t in req.tools]
         choice = req.tool_choice
         body["tool_choice"] = (
             {"type": "function", "function": {"name": choice.function}}

@@ -157,7 +157,7 @@ async def _split_run_synthesize(session: AgentSession, count: int, type_name: st
         )
         for t in subtasks
     ]
-    meta = {"tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls]}
+    meta = {"tool_calls": [c.to_dict() for c in calls]}
     session.store.update_reply(reply, f"Splitting into {count} subagents.", "done", meta)
     session.runtime.emit(MessageDone(session, reply))
     await run_calls(session, calls, {"task": FANOUT})

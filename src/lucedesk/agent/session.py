@@ -33,7 +33,7 @@ from lucedesk.agent.runtime import AgentResult, Limits, Runtime
 from lucedesk.agent.tool_runner import run_calls
 from lucedesk.agent.tools import ToolSpec, tools_for
 from lucedesk.agent.workspace import Workspace
-from lucedesk.engine import Grammar, Tool, ToolChoice, TurnRequest, TurnResult
+from lucedesk.engine import ChatMessage, Grammar, Tool, ToolChoice, TurnRequest, TurnResult
 from lucedesk.store import Session, Store
 
 log = logging.getLogger(__name__)
@@ -199,17 +199,17 @@ class AgentSession:
         self.set_phase("step limit", "step_limit")
         return AgentResult("step_limit", note, note)
 
-    def model_messages(self) -> list[dict]:
+    def model_messages(self) -> list[ChatMessage]:
+        """The stored chat, with the agent type's preamble in front of the system prompt
+        when the session works in a folder."""
         messages = self.record.chat_messages()
-        workspace = self.workspace
         preamble = type_named(self.record.agent_type).prompt
-        if workspace is None or not preamble:
+        if self.workspace is None or not preamble:
             return messages
-        if messages and messages[0]["role"] == "system":
-            return [{"role": "system", "content": f"{preamble}\n\n{messages[0]['content']}"}] + (
-                messages[1:]
-            )
-        return [{"role": "system", "content": preamble}, *messages]
+        if messages and messages[0].role == "system":
+            first = ChatMessage("system", f"{preamble}\n\n{messages[0].content}")
+            return [first, *messages[1:]]
+        return [ChatMessage("system", preamble), *messages]
 
     def turn_request(
         self,
@@ -293,9 +293,7 @@ class AgentSession:
         if reasoning:  # what streamed stays, also when the turn failed midway
             meta["reasoning"] = reasoning
         if result.calls:
-            meta["tool_calls"] = [
-                {"id": c.id, "name": c.name, "arguments": c.arguments} for c in result.calls
-            ]
+            meta["tool_calls"] = [c.to_dict() for c in result.calls]
         if result.finish == "error":
             meta["error"] = result.error
         elif result.finish == "length":

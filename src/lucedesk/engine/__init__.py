@@ -42,12 +42,28 @@ from lucedesk.errors import ContextOverflow, RequestError
 if TYPE_CHECKING:
     from lucedesk.engine.build import (
         BuiltEngine,
+        available_memory,
         check_device,
+        derive_pool_tokens,
         kernel_build_notice,
+        kv_bytes_per_token,
         launch_engine,
+        resolve_device,
+        resolve_dtype,
     )
+    from lucedesk.engine.models.loader import read_model_config
 
-_BUILD_NAMES = ("BuiltEngine", "check_device", "kernel_build_notice", "launch_engine")
+_BUILD_NAMES = (
+    "BuiltEngine",
+    "available_memory",
+    "check_device",
+    "derive_pool_tokens",
+    "kernel_build_notice",
+    "kv_bytes_per_token",
+    "launch_engine",
+    "resolve_device",
+    "resolve_dtype",
+)
 
 __all__ = [
     "MAX_TOP_LOGPROBS",
@@ -85,6 +101,12 @@ __all__ = [
     "TurnResult",
     "check_device",
     "kernel_build_notice",
+    "available_memory",
+    "derive_pool_tokens",
+    "kv_bytes_per_token",
+    "read_model_config",
+    "resolve_device",
+    "resolve_dtype",
     "launch_engine",
     "start_turn",
     "submit_turn",
@@ -96,4 +118,8 @@ def __getattr__(name: str):
         from lucedesk.engine import build
 
         return getattr(build, name)
+    if name == "read_model_config":
+        from lucedesk.engine.models.loader import read_model_config
+
+        return read_model_config
     raise AttributeError(f"module 'lucedesk.engine' has no attribute {name!r}")

@@ -31,6 +31,17 @@ class Tool:
     description: str = ""
     parameters: dict = field(default_factory=lambda: {"type": "object", "properties": {}})
 
+    def openai(self) -> dict:
+        """The tool in OpenAI's chat shape (the `tools` a template or a server takes)."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
+
 
 @dataclass(slots=True, frozen=True)
 class ToolChoice:
@@ -52,6 +63,10 @@ class ToolCall:
     @staticmethod
     def new_id() -> str:
         return "call_" + uuid.uuid4().hex[:24]
+
+    def to_dict(self) -> dict:
+        """The plain shape sessions store (`ToolCall(**d)` reads it back)."""
+        return {"id": self.id, "name": self.name, "arguments": self.arguments}
 
     def arguments_object(self) -> dict:
         """The arguments as the JSON object protocols and templates carry; `{}` for text
@@ -120,26 +135,32 @@ class ChatMessage:
             raw.get("name") or "",
         )
 
-    def for_template(self) -> dict:
-        """The message as tool-aware chat templates read it: calls as OpenAI function
-        objects with arguments as objects (templates `tojson` them), a result with its
-        call's id and name, earlier reasoning as `reasoning_content` (Qwen3's key)."""
+    def openai(self, *, parsed: bool = False) -> dict:
+        """The message in OpenAI's chat shape, what a remote server takes: a result with
+        its call's id, earlier reasoning as `reasoning_content` (the key llama.cpp, vLLM and
+        lucedesk read back); `parsed`: call arguments as objects."""
         out: dict = {"role": self.role, "content": self.content}
         if self.reasoning:
             out["reasoning_content"] = self.reasoning
         if self.tool_calls:
-            out["tool_calls"] = [c.openai(parsed=True) for c in self.tool_calls]
+            out["tool_calls"] = [c.openai(parsed=parsed) for c in self.tool_calls]
         if self.role == "tool":
-            out["tool_call_id"], out["name"] = self.tool_call_id, self.name
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+    def for_template(self) -> dict:
+        """The message as tool-aware chat templates read it: OpenAI's shape with call
+        arguments as objects (templates `tojson` them) and a result's function name."""
+        out = self.openai(parsed=True)
+        if self.role == "tool":
+            out["name"] = self.name
         return out
 
     def to_dict(self) -> dict:
         """The plain shape `parse` reads (what a session stores)."""
         out: dict = {"role": self.role, "content": self.content}
         if self.tool_calls:
-            out["tool_calls"] = [
-                {"id": c.id, "name": c.name, "arguments": c.arguments} for c in self.tool_calls
-            ]
+            out["tool_calls"] = [c.to_dict() for c in self.tool_calls]
         if self.reasoning:
             out["reasoning"] = self.reasoning
         if self.role == "tool":

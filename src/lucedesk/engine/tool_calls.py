@@ -70,9 +70,9 @@ class ToolFormat:
     ) -> tuple[list[dict], list]:
         """The messages and `tools` value to hand the chat template."""
         if self.family == "harmony":
-            return harmony.render_messages(messages), [_openai_tool(t) for t in tools]
+            return harmony.render_messages(messages), [t.openai() for t in tools]
         if self.family != "generic":
-            return [m.for_template() for m in messages], [_openai_tool(t) for t in tools]
+            return [m.for_template() for m in messages], [t.openai() for t in tools]
         out: list[dict] = []
         results: dict | None = None  # the user turn collecting consecutive tool results
         for m in messages:
@@ -212,17 +212,6 @@ def _rebase_refs(schema, at: str):
     if isinstance(schema, list):
         return [_rebase_refs(v, at) for v in schema]
     return schema
-
-
-def _openai_tool(tool: Tool) -> dict:
-    return {
-        "type": "function",
-        "function": {
-            "name": tool.name,
-            "description": tool.description,
-            "parameters": tool.parameters,
-        },
-    }
 
 
 def _hermes_block(call: ToolCall) -> str:

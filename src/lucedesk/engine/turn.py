@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Literal
 from lucedesk.engine.grammar import Grammar
 from lucedesk.engine.handle import RequestHandle, TokenLogprob
 from lucedesk.engine.json_schema import check_value
-from lucedesk.engine.messages import ChatMessage, Tool, ToolCall, ToolChoice
+from lucedesk.engine.messages import ChatMessage, Tool, ToolCall, ToolChoice, chat_messages
 from lucedesk.engine.request import FinishReason, SamplingParams
 from lucedesk.engine.tool_parser import (
     CallDelta,
@@ -73,6 +73,10 @@ class TurnRequest:
     prompt_field: str = "messages"  # named in the error for a prompt that leaves no room
     # The protocol's names for sampling fields, for errors: {"max_tokens": "max_output_tokens"}
     field_names: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # In-process callers may write messages as plain dicts (messages.ChatMessage.parse).
+        self.messages = chat_messages(self.messages)
 
 
 @dataclass(slots=True, frozen=True)

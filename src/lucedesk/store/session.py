@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from lucedesk.engine import ChatMessage, ToolCall
+
 
 @dataclass
 class Session:
@@ -23,34 +25,28 @@ class Session:
     # {"role", "content", "status", "meta", "id"}
     messages: list[dict] = field(default_factory=list)
 
-    def chat_messages(self) -> list[dict]:
-        """What the model sees, in the engine's neutral message shape: the system prompt,
-        then the conversation (without a reply or tool call still being written)."""
-        from lucedesk.engine import ToolCall
-
-        out = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+    def chat_messages(self) -> list[ChatMessage]:
+        """What the model sees: the system prompt, then the conversation (without a reply
+        or tool call still being written)."""
+        out = [ChatMessage("system", self.system_prompt)] if self.system_prompt else []
         for m in self.messages:
             if m.get("status") == "streaming":
                 continue
             meta = m.get("meta") or {}
-            if m["role"] == "assistant" and meta.get("tool_calls"):
-                calls = [ToolCall(c["id"], c["name"], c["arguments"]) for c in meta["tool_calls"]]
+            if m["role"] == "tool":
                 out.append(
-                    {"role": "assistant", "content": m["content"] or None, "tool_calls": calls}
+                    ChatMessage(
+                        "tool",
+                        m["content"],
+                        tool_call_id=meta.get("tool_call_id", ""),
+                        name=meta.get("name", ""),
+                    )
                 )
-            elif m["role"] == "tool":
-                out.append(
-                    {
-                        "role": "tool",
-                        "tool_call_id": meta.get("tool_call_id", ""),
-                        "name": meta.get("name", ""),
-                        "content": m["content"],
-                    }
-                )
+            elif m["role"] == "assistant":  # the template decides what reasoning it shows
+                calls = [ToolCall(**c) for c in meta.get("tool_calls") or []]
+                out.append(ChatMessage("assistant", m["content"], calls, meta.get("reasoning", "")))
             else:  # a /fanout line: the model reads the prompt it stands for
-                out.append({"role": m["role"], "content": meta.get("prompt", m["content"])})
-            if m["role"] == "assistant" and meta.get("reasoning"):  # the template decides
-                out[-1]["reasoning"] = meta["reasoning"]
+                out.append(ChatMessage(m["role"], meta.get("prompt", m["content"])))
         return out
 
 

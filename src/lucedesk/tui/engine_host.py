@@ -80,7 +80,7 @@ class EngineHost:
         check_device(config)
         new_path = self.model_path
         if model is not None:
-            from lucedesk.engine.models.loader import read_model_config
+            from lucedesk.engine import read_model_config
 
             read_model_config(model)  # a bad path or file fails here, before anything stops
             new_path = Path(model).expanduser()
