@@ -201,14 +201,10 @@ def assemble(loaded: LoadedModel, config: EngineConfig, device: torch.device) ->
     num_blocks = max(pool_tokens // config.block_size, 1)
     runner = TorchSeqEngine(model, num_blocks, config.block_size, kernels, device)
     scheduler = Scheduler(config, num_blocks, max_len)
-    engine = Engine(runner, scheduler, loaded.tokenizer, loaded.name, config.max_waiting)
-    engine.model_info = ModelInfo(
-        loaded.name,
-        str(loaded.path),
-        loaded.config.architecture,
-        loaded.quantization,
-        max_len,
+    info = ModelInfo(
+        loaded.name, str(loaded.path), loaded.config.architecture, loaded.quantization, max_len
     )
+    engine = Engine(runner, scheduler, loaded.tokenizer, info, config.max_waiting)
     log.info(
         "engine: %s on %s (%s, %s weights), %d slots, KV pool %d tokens (%d MiB), %s kernels",
         loaded.name,

@@ -6,8 +6,12 @@ from __future__ import annotations
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from lucedesk.engine.request import Request
+
+if TYPE_CHECKING:
+    from lucedesk.engine.scheduler import Scheduler
 
 # Latency buckets in seconds (Prometheus-style upper bounds).
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -205,4 +209,38 @@ class StatsCollector:
             draft_tokens=req.num_draft_tokens,
             accepted_tokens=req.num_accepted_tokens,
             spans=tuple(self._request_spans.get(req.request_id, ())),
+        )
+
+    def snapshot(
+        self, sched: Scheduler, model: str, now: float, num_pending: int = 0
+    ) -> EngineStats:
+        """What monitors see after a step: the scheduler's slots, queue, pool and counters
+        with these rates and latencies; `num_pending` requests are submitted and not yet
+        seen by the engine thread (they count as waiting)."""
+        by_slot = {r.slot: r for r in sched.running}
+        pool = sched.pool
+        return EngineStats(
+            time=now,
+            step=sched.step,
+            model=model,
+            slots=tuple(self.slot(i, by_slot.get(i), now) for i in range(sched.config.max_slots)),
+            num_running=len(sched.running),
+            num_waiting=len(sched.waiting) + num_pending,
+            blocks_used=pool.num_used_blocks,
+            blocks_total=pool.num_blocks,
+            block_size=pool.block_size,
+            spans=self.spans(),
+            num_preemptions=sched.num_preemptions,
+            num_completed=self.num_completed,
+            prompt_tokens_total=self.prompt_tokens_total,
+            generation_tokens_total=self.generation_tokens_total,
+            finish_reasons=dict(self.finish_reasons),
+            ttft=self.ttft.snapshot(),
+            itl=self.itl.snapshot(),
+            prefix_cache_hit_tokens=sched.num_prefix_hit_tokens,
+            prefix_cache_queries=sched.num_prefix_query_tokens,
+            prefix_cached_blocks=pool.num_cached_blocks,
+            draft_rows=sched.num_draft_rows,
+            draft_tokens=sched.num_draft_tokens,
+            accepted_tokens=sched.num_accepted_tokens,
         )

@@ -1,0 +1,217 @@
+"""The engine thread: one thread takes submissions and cancels from an inbox, steps the
+scheduler and the SeqEngine, streams the outputs and publishes a stats snapshot.
+
+EngineLoop is the thread's half of the engine; Engine (engine.py) adds the front door that
+checks and builds a request before it goes into the inbox. Only the engine thread touches
+the scheduler, the SeqEngine and the output streams; other threads append to the inbox."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import Self
+
+from lucedesk.engine.handle import RequestHandle, TokenLogprob
+from lucedesk.engine.models.tokenizer import Tokenizer
+from lucedesk.engine.output import OutputProcessor
+from lucedesk.engine.request import FinishReason, Request
+from lucedesk.engine.scheduler import Scheduler, StepPlan
+from lucedesk.engine.seq_engine import SeqEngine, StepResult
+from lucedesk.engine.stats import EngineStats, StatsCollector
+
+log = logging.getLogger(__name__)
+
+
+class EngineLoop:
+    def __init__(
+        self, seq_engine: SeqEngine, scheduler: Scheduler, tokenizer: Tokenizer, model_name: str
+    ) -> None:
+        self.seq_engine = seq_engine
+        self.scheduler = scheduler
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.outputs = OutputProcessor(tokenizer, scheduler.finish)
+        # ("add", (request, handle)) or ("cancel", request_id), appended by any thread
+        self._inbox: deque[tuple[str, object]] = deque()
+        self._wake = threading.Event()
+        self._num_pending = 0  # submitted, not yet seen by the engine thread
+        self._collector = StatsCollector()
+        self._stats = EngineStats(model=model_name)
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._drain = False
+        self._drain_timeout = 30.0
+        self._publish()  # monitors see the idle slots and the pool before any request
+
+    # -- any thread -------------------------------------------------------------------------
+
+    def start(self) -> Self:
+        """Step the engine on a new thread (see build.launch_engine for the usual way)."""
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self.run_forever, name="lucedesk-engine", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def adopt_thread(self, thread: threading.Thread) -> None:
+        """Record the thread that calls run_forever(), so shutdown() can wait for it."""
+        self._thread = thread
+
+    @property
+    def num_queued(self) -> int:
+        """Requests waiting for a slot, those not yet taken from the inbox included."""
+        return self._num_pending + len(self.scheduler.waiting)
+
+    def enqueue(self, req: Request, handle: RequestHandle) -> None:
+        """Hand a checked request to the engine thread, which streams into `handle`."""
+        self._num_pending += 1
+        self._inbox.append(("add", (req, handle)))
+        self._wake.set()
+
+    def cancel(self, request_id: str) -> None:
+        self._inbox.append(("cancel", request_id))
+        self._wake.set()
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def shutdown(self, drain: bool = False, timeout: float = 30.0) -> None:
+        """Stop the engine thread. Every open request ends: with `drain`, by finishing (up to
+        `timeout` seconds, then cancelled); otherwise cancelled at once."""
+        self._drain = drain
+        self._drain_timeout = timeout
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout + 5.0)
+            self._thread = None
+
+    # -- engine thread ----------------------------------------------------------------------
+
+    def run_forever(self) -> None:
+        """The engine thread's loop, until shutdown()."""
+        deadline = None
+        while True:
+            self._take_inbox()
+            if self._stopping:
+                deadline = deadline or time.monotonic() + self._drain_timeout
+                if not self._drain or time.monotonic() > deadline or not self._has_work():
+                    self._cancel_all()
+                    self._publish()
+                    return
+            if not self._has_work() and not self.scheduler.recently_finished:
+                self._wake.wait(0.5)
+                self._wake.clear()
+                continue
+            try:
+                self.step()
+            except Exception:  # a bug in the policy must not kill the thread
+                log.exception("engine step failed; failing the running requests")
+                for req in list(self.scheduler.running):
+                    self._finish(req, FinishReason.ERROR, "internal engine error")
+
+    def step(self) -> None:
+        """One scheduling step: take submissions and cancels, plan, execute, record, stream.
+        The engine thread calls it in a loop; tests may call it directly instead."""
+        started = time.monotonic()
+        self._take_inbox()
+        plan = self.scheduler.plan()
+        if plan.finished_ids:  # even when nothing runs next: no state outlives its request
+            self.seq_engine.forget(plan.finished_ids)
+        for rid in plan.finished_ids:
+            self._close(rid)  # cancelled at the step boundary
+        if not plan:
+            self._publish(0, started)
+            return
+        result = self._execute(plan)
+        for slot, message in result.errors.items():
+            req = next(r.request for r in plan.rows if r.request.slot == slot)
+            self.scheduler.finish(req, FinishReason.ERROR, message)
+        logprobs = {
+            row.request.request_id: result.logprobs[row.request.slot]
+            for row in plan.rows
+            if row.request.slot in result.logprobs
+        }
+        produced = self.scheduler.update(plan, result.sampled, result.stopped, result.accepted)
+        now = time.monotonic()
+        for req in self.outputs.process(produced, logprobs):
+            self._collector.on_token(req, now)
+        for rid in self.scheduler.recently_finished:
+            self._close(rid)
+        self._publish(len(produced), started)
+
+    def _has_work(self) -> bool:
+        return bool(self.scheduler.running or self.scheduler.waiting)
+
+    def _take_inbox(self) -> None:
+        while self._inbox:
+            kind, payload = self._inbox.popleft()
+            if kind == "add":
+                req, handle = payload
+                self._num_pending -= 1
+                self.outputs.add(req, handle)
+                self.scheduler.add(req)
+            else:
+                req = self.outputs.get(payload)
+                if req is not None and not req.finished:
+                    req.cancel_requested = True
+
+    def _execute(self, plan: StepPlan) -> StepResult:
+        try:
+            return self.seq_engine.execute(plan)
+        except Exception as exc:
+            if len(plan.rows) == 1:
+                log.exception("step failed for %s", plan.rows[0].request.request_id)
+                return StepResult({}, {plan.rows[0].request.slot: f"{type(exc).__name__}: {exc}"})
+        # The batch failed: run each row alone to find the culprit. Re-writing the same KV
+        # rows is harmless, and sampler state only advances on rows that succeed.
+        sampled: dict[int, int] = {}
+        errors: dict[int, str] = {}
+        logprobs: dict[int, TokenLogprob] = {}
+        stopped: set[int] = set()
+        accepted: dict[int, tuple[int, ...]] = {}
+        for row in plan.rows:
+            alone = StepPlan(plan.step)
+            (alone.decodes if row in plan.decodes else alone.prefills).append(row)
+            try:
+                r = self.seq_engine.execute(alone)
+                sampled.update(r.sampled)
+                errors.update(r.errors)
+                logprobs.update(r.logprobs)
+                stopped.update(r.stopped)
+                accepted.update(r.accepted)
+            except Exception as exc:
+                log.exception("step failed for %s", row.request.request_id)
+                errors[row.request.slot] = f"{type(exc).__name__}: {exc}"
+        return StepResult(sampled, errors, logprobs, frozenset(stopped), accepted)
+
+    def _close(self, request_id: str) -> None:
+        """Send a finished request's last delta and forget it."""
+        req = self.outputs.close(request_id)
+        if req is not None:
+            self._collector.on_finish(req)
+
+    def _finish(self, req: Request, reason: FinishReason, error: str | None = None) -> None:
+        self.scheduler.finish(req, reason, error)
+        self._close(req.request_id)
+
+    def _cancel_all(self) -> None:
+        self._take_inbox()
+        for req in list(self.scheduler.running) + list(self.scheduler.waiting):
+            self._finish(req, FinishReason.CANCELLED)
+        self.scheduler.recently_finished.clear()
+
+    def _publish(self, num_generated: int = 0, started: float | None = None) -> None:
+        """A new stats snapshot after a step that began at `started` (rates count it)."""
+        now = time.monotonic()
+        self._collector.on_step(now if started is None else started, now, num_generated)
+        self._stats = self._collector.snapshot(
+            self.scheduler, self.model_name, now, self._num_pending
+        )
