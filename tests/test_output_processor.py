@@ -115,6 +115,17 @@ def test_stop_string_cuts_the_text_and_finishes(tokenizer):
     assert tokenizer.decode(done.token_ids).startswith(TEXT[: TEXT.index("fox") + 1])
 
 
+def test_tokens_drafted_after_a_stop_string_are_dropped(tokenizer):
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)
+    steps = Steps(tokenizer)
+    req, handle = steps.open([5, 6], max_tokens=100, stop=(" quick",))
+    counted = steps.step(req, ids)  # one step with every token, as a long draft
+    done = handle.result(timeout=0)
+    assert done.text == "The" and done.finish_reason is FinishReason.STOP
+    assert len(counted) == len(done.token_ids) == req.num_output_tokens < len(ids)
+    assert tokenizer.decode(done.token_ids) == "The quick"
+
+
 def test_stop_string_split_across_two_steps_is_held_back_then_found(tokenizer):
     ids = tokenizer.encode(TEXT, add_special_tokens=False)
     pieces = [tokenizer.decode([i]) for i in ids]

@@ -122,13 +122,16 @@ class OutputProcessor:
 
     def _send(self, s: _Stream, upto: int, final: bool = False) -> None:
         req = s.request
+        # Only tokens already pushed: a draft row's later tokens of this step may still be
+        # cut off by a stop string.
+        num_tokens = req.num_output_tokens if final else s.num_pushed
         text = s.text[s.num_emitted : upto]
-        tokens = tuple(req.output_ids[s.num_tokens_sent :])
-        logprobs = tuple(s.logprobs[s.num_tokens_sent :])
+        tokens = tuple(req.output_ids[s.num_tokens_sent : num_tokens])
+        logprobs = tuple(s.logprobs[s.num_tokens_sent : num_tokens])
         if not text and not tokens and not final:
             return
         s.num_emitted = max(s.num_emitted, upto)
-        s.num_tokens_sent = req.num_output_tokens
+        s.num_tokens_sent = num_tokens
         s.handle.push(
             RequestOutput(
                 request_id=req.request_id,
