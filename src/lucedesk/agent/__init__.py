@@ -11,7 +11,7 @@ classes.
 
 from __future__ import annotations
 
-from lucedesk.agent.agent_types import SWITCHES, TASK_TYPES, AgentType
+from lucedesk.agent.agent_types import AGENT_TYPES, SWITCHES, TASK_TYPES, AgentType
 from lucedesk.agent.approvals import ApprovalRequest, Approvals
 from lucedesk.agent.backend import Backend, EngineBackend, OpenAIBackend
 from lucedesk.agent.events import (
@@ -27,7 +27,7 @@ from lucedesk.agent.events import (
 from lucedesk.agent.run import Answer, run_to_answer
 from lucedesk.agent.runtime import AgentResult, Limits, Runtime
 from lucedesk.agent.session import AgentSession
-from lucedesk.agent.tools import AGENT_TYPES, BUILTIN, ToolContext, ToolError, ToolSpec, tools_for
+from lucedesk.agent.tools import BUILTIN, ToolContext, ToolError, ToolSpec, tools_for
 from lucedesk.agent.workspace import Workspace
 
 __all__ = [

@@ -1,5 +1,5 @@
 """Where an agent's model turns run: the in-process engine, or any OpenAI-compatible server
-(another lucedesk, vLLM, llama.cpp's server). Both take the engine's neutral `TurnRequest`
+(another lucedesk, vLLM, llama.cpp's server). Both take the engine's `TurnRequest`
 and give back a `TurnResult`, the reply's text streamed to `on_text` and its reasoning to
 `on_reasoning` as they come; an error is a result with finish "error", never an exception.
 Cancelling the caller cancels the request."""

@@ -29,7 +29,7 @@ from lucedesk.agent.events import (
     ReasoningStreamed,
     TextStreamed,
 )
-from lucedesk.agent.runtime import AgentResult, Limits, Runtime
+from lucedesk.agent.runtime import AgentResult, Runtime
 from lucedesk.agent.tool_runner import run_calls
 from lucedesk.agent.tools import ToolSpec, tools_for
 from lucedesk.agent.workspace import Workspace
@@ -39,8 +39,6 @@ from lucedesk.store import Session, Store
 log = logging.getLogger(__name__)
 
 SAVE_EVERY_S = 1.0  # how often a growing reply is written to the store
-
-__all__ = ["AgentResult", "AgentSession", "Limits", "Runtime"]
 
 
 class AgentSession:

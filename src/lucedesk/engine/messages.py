@@ -65,22 +65,32 @@ class ToolCall:
         return "call_" + uuid.uuid4().hex[:24]
 
     def to_dict(self) -> dict:
-        """The plain shape sessions store (`ToolCall(**d)` reads it back)."""
+        """The plain shape sessions store (`from_dict` reads it back)."""
         return {"id": self.id, "name": self.name, "arguments": self.arguments}
 
-    def arguments_object(self) -> dict:
-        """The arguments as the JSON object protocols and templates carry; `{}` for text
-        that is not one (a call cut short by max_tokens, or arguments a client made up)."""
+    @classmethod
+    def from_dict(cls, d: Mapping) -> ToolCall:
+        return cls(str(d["id"]), str(d["name"]), str(d["arguments"]))
+
+    def arguments_value(self) -> object:
+        """The arguments as the JSON value they spell, or their text as written when they
+        spell none (a call cut short by max_tokens): what a chat template shows the model of
+        its own call."""
         try:
-            value = json.loads(self.arguments)
+            return json.loads(self.arguments)
         except json.JSONDecodeError:
-            return {}
+            return self.arguments
+
+    def arguments_object(self) -> dict:
+        """The arguments as the JSON object a protocol's call carries (Anthropic's `input`,
+        Ollama's `arguments`); `{}` for text that is not one."""
+        value = self.arguments_value()
         return value if isinstance(value, dict) else {}
 
     def openai(self, *, parsed: bool = False) -> dict:
-        """The call in OpenAI's chat shape; `parsed` gives the arguments as an object, the
-        way chat templates read them (they `tojson` it), instead of JSON text."""
-        arguments = self.arguments_object() if parsed else self.arguments
+        """The call in OpenAI's chat shape; `parsed` gives the arguments as the value they
+        spell, the way chat templates read them (they `tojson` it), instead of JSON text."""
+        arguments = self.arguments_value() if parsed else self.arguments
         return {
             "id": self.id,
             "type": "function",
@@ -121,7 +131,7 @@ class ChatMessage:
         for j, call in enumerate(raw.get("tool_calls") or []):
             if isinstance(call, Mapping):
                 try:
-                    call = ToolCall(str(call["id"]), str(call["name"]), str(call["arguments"]))
+                    call = ToolCall.from_dict(call)
                 except KeyError as exc:
                     where = f"{at}.tool_calls[{j}].{exc.args[0]}"
                     raise RequestError(f"{where} is required", where) from None
@@ -140,31 +150,24 @@ class ChatMessage:
         its call's id, earlier reasoning as `reasoning_content` (the key llama.cpp, vLLM and
         lucedesk read back); `parsed`: call arguments as objects."""
         out: dict = {"role": self.role, "content": self.content}
-        if self.reasoning:
-            out["reasoning_content"] = self.reasoning
         if self.tool_calls:
             out["tool_calls"] = [c.openai(parsed=parsed) for c in self.tool_calls]
+            if not self.content.strip():
+                out["content"] = None  # calls alone: OpenAI's null content
+        if self.reasoning:
+            out["reasoning_content"] = self.reasoning
         if self.role == "tool":
             out["tool_call_id"] = self.tool_call_id
         return out
 
     def for_template(self) -> dict:
         """The message as tool-aware chat templates read it: OpenAI's shape with call
-        arguments as objects (templates `tojson` them) and a result's function name."""
+        arguments as values (templates `tojson` them), content always text, and a result's
+        function name."""
         out = self.openai(parsed=True)
+        out["content"] = self.content
         if self.role == "tool":
             out["name"] = self.name
-        return out
-
-    def to_dict(self) -> dict:
-        """The plain shape `parse` reads (what a session stores)."""
-        out: dict = {"role": self.role, "content": self.content}
-        if self.tool_calls:
-            out["tool_calls"] = [c.to_dict() for c in self.tool_calls]
-        if self.reasoning:
-            out["reasoning"] = self.reasoning
-        if self.role == "tool":
-            out["tool_call_id"], out["name"] = self.tool_call_id, self.name
         return out
 
 

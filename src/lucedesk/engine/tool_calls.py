@@ -215,5 +215,5 @@ def _rebase_refs(schema, at: str):
 
 
 def _hermes_block(call: ToolCall) -> str:
-    body = json.dumps({"name": call.name, "arguments": call.arguments_object()}, ensure_ascii=False)
+    body = json.dumps({"name": call.name, "arguments": call.arguments_value()}, ensure_ascii=False)
     return f"<tool_call>\n{body}\n</tool_call>"

@@ -7,9 +7,10 @@ the process that ran them is gone (a TUI and a headless agent share one store: n
 marks the other's work).
 
 Chat panes, agent sessions and their children (subagents: `kind` 'subagent' with a
-`parent_id`) are all sessions here. A message's `meta` holds what the model's neutral message
-shape needs beyond role and text: an assistant's `tool_calls`, a tool result's
-`tool_call_id`, `name`, `arguments` and `error`."""
+`parent_id`) are all sessions here. A message's `meta` holds what the model's view of it
+(a ChatMessage, Session.chat_messages) needs beyond role and text: an assistant's
+`tool_calls` and `reasoning`, a tool result's `tool_call_id`, `name`, `arguments` and
+`error`."""
 
 from __future__ import annotations
 

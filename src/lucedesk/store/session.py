@@ -43,7 +43,7 @@ class Session:
                     )
                 )
             elif m["role"] == "assistant":  # the template decides what reasoning it shows
-                calls = [ToolCall(**c) for c in meta.get("tool_calls") or []]
+                calls = [ToolCall.from_dict(c) for c in meta.get("tool_calls") or []]
                 out.append(ChatMessage("assistant", m["content"], calls, meta.get("reasoning", "")))
             else:  # a /fanout line: the model reads the prompt it stands for
                 out.append(ChatMessage(m["role"], meta.get("prompt", m["content"])))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lucedesk.agent.agent_types import AGENT_TYPES, type_named
+from lucedesk.agent.agent_types import type_named
 from lucedesk.agent.tools import (
     edit_file,
     glob,
@@ -39,4 +39,4 @@ def tools_for(type_name: str, extra: list[ToolSpec], can_spawn: bool) -> list[To
     ]
 
 
-__all__ = ["AGENT_TYPES", "BUILTIN", "TASK", "ToolContext", "ToolError", "ToolSpec", "tools_for"]
+__all__ = ["BUILTIN", "TASK", "ToolContext", "ToolError", "ToolSpec", "tools_for"]
