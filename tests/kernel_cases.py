@@ -13,10 +13,11 @@ TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def make_batch(seed, block_size, seqs, kv_heads, head_dim, dtype, num_blocks=400):
-    """`seqs`: (cached tokens before this step, new query rows) per sequence, decodes first.
-    Block tables are random, scattered picks of the pool; the first two sequences share
-    their first block (as a shared prefix would)."""
+def make_batch(seed, block_size, seqs, kv_heads, head_dim, dtype, num_blocks=400, num_decodes=None):
+    """`seqs`: (cached tokens before this step, new query rows) per sequence, decodes first
+    (by default the sequences with one new row; `num_decodes` says how many when decodes
+    carry drafts). Block tables are random, scattered picks of the pool; the first two
+    sequences share their first block (as a shared prefix would)."""
     rng = random.Random(seed)
     g = torch.Generator().manual_seed(seed)
     k_cache = torch.randn(kv_heads, num_blocks, block_size, head_dim, generator=g).to(dtype)
@@ -31,7 +32,8 @@ def make_batch(seed, block_size, seqs, kv_heads, head_dim, dtype, num_blocks=400
         seq_lens.append(total)
     if len(tables) > 1 and seq_lens[0] > block_size and seq_lens[1] > block_size:
         tables[1][0] = tables[0][0]
-    num_decodes = sum(1 for _, new in seqs if new == 1)
+    if num_decodes is None:
+        num_decodes = sum(1 for _, new in seqs if new == 1)
     meta = AttentionMetadata.build(
         query_lens, seq_lens, tables, block_size, num_decodes, device=DEVICE
     )
@@ -105,6 +107,56 @@ WINDOW_CASES = [
     (8, 64, torch.bfloat16, 16, [(64, 1), (15, 1), (48, 30)], 64, False),
     (1, 256, torch.float32, 32, [(40, 1), (700, 1), (0, 50)], 33, True),
 ]
+
+
+# Decode sequences with several query rows (a drafted decode: one row per position, each
+# with its own causal end), then prompt chunks: (gqa ratio, head_dim, dtype, block_size, seqs,
+# num_decodes, window, sinks). Contexts that end mid-block and rows that cross a block edge,
+# one-row decodes among them, windows shorter than the rows of a sequence.
+MULTI_QUERY_CASES = [
+    (1, 64, torch.float32, 16, [(0, 1), (15, 5), (300, 3), (2099, 4), (20, 7)], 4, 0, False),
+    (4, 64, torch.bfloat16, 16, [(16, 2), (5, 5), (700, 1), (33, 4), (0, 9)], 4, 0, False),
+    (3, 64, torch.float32, 128, [(126, 5), (1, 2), (255, 3), (40, 6)], 3, 0, True),
+    (2, 64, torch.float32, 16, [(30, 5), (3, 4), (200, 5), (100, 20)], 3, 17, True),
+    (8, 128, torch.bfloat16, 32, [(64, 3), (1, 2), (511, 5)], 3, 40, True),
+    (2, 128, torch.bfloat16, 64, [(63, 1), (127, 5), (1000, 4), (10, 30)], 3, 3, False),
+    (3, 64, torch.float16, 32, [(31, 5), (90, 2), (0, 3)], 2, 0, False),
+    (2, 256, torch.float32, 16, [(17, 4), (0, 5)], 2, 9, False),
+]
+
+
+def one_query_per_position(meta, block_size):
+    """The same step with each decode row its own one-query sequence: a row's result must
+    not depend on whether its sequence's other rows share its pass over the blocks."""
+    query_lens, seq_lens, tables = [], [], []
+    num_decodes = 0
+    for i in range(meta.num_seqs):
+        n = meta.query_start_cpu[i + 1] - meta.query_start_cpu[i]
+        seq_len, table = meta.seq_lens_cpu[i], meta.block_tables[i].tolist()
+        if i < meta.num_decodes:
+            query_lens += [1] * n
+            seq_lens += range(seq_len - n + 1, seq_len + 1)
+            tables += [table] * n
+            num_decodes += n
+        else:
+            query_lens.append(n)
+            seq_lens.append(seq_len)
+            tables.append(table)
+    return AttentionMetadata.build(
+        query_lens, seq_lens, tables, block_size, num_decodes, device=meta.seq_lens.device
+    )
+
+
+def multi_query_case(ratio, head_dim, dtype, block_size, seqs, num_decodes, window, sinks):
+    """q, caches, metadata, scale, window and sinks for one of MULTI_QUERY_CASES."""
+    kv_heads = 2
+    k_cache, v_cache, meta = make_batch(
+        len(seqs) + head_dim, block_size, seqs, kv_heads, head_dim, dtype, num_decodes=num_decodes
+    )
+    g = torch.Generator().manual_seed(window + ratio)
+    q = torch.randn(meta.num_tokens, kv_heads * ratio, head_dim, generator=g).to(dtype)
+    sink = random_sinks(kv_heads * ratio, window) if sinks else None
+    return q.to(DEVICE), k_cache, v_cache, meta, head_dim**-0.5, window, sink
 
 
 def random_sinks(num_heads: int, seed: int) -> torch.Tensor:

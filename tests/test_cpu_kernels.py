@@ -17,12 +17,15 @@ from lucedesk.kernels.quantized import Int8Weight
 from tests.kernel_cases import (
     CASES,
     LAYER_CASES,
+    MULTI_QUERY_CASES,
     ROTARY_CASES,
     TOL,
     WINDOW_CASES,
     layer_inputs,
     make_batch,
+    multi_query_case,
     naive_attention,
+    one_query_per_position,
     random_sinks,
     rotary_inputs,
 )
@@ -85,6 +88,42 @@ def test_decode_rows_do_not_depend_on_the_batch():
         )
         alone = paged_attention_cpu(q[i : i + 1], k_cache, v_cache, alone_meta, 0.125)
         assert torch.equal(alone[0], together[i])
+
+
+@pytest.mark.parametrize("case", MULTI_QUERY_CASES)
+def test_multi_query_decodes_match_reference(case):
+    """Decode sequences of several rows, each row seeing keys up to its own position."""
+    q, k_cache, v_cache, meta, scale, window, sink = multi_query_case(*case)
+    got = paged_attention_cpu(q, k_cache, v_cache, meta, scale, window, sink)
+    f32 = [t.float() for t in (q, k_cache, v_cache)]
+    want = paged_attention_torch(*f32, meta, scale, window, sink)
+    tol = TOL[q.dtype]
+    torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("case", MULTI_QUERY_CASES[:4])
+def test_torch_reference_multi_query_decodes_follow_the_definition(case):
+    q, k_cache, v_cache, meta, scale, window, sink = multi_query_case(*case)
+    f32 = [t.float() for t in (q, k_cache, v_cache)]
+    got = paged_attention_torch(*f32, meta, scale, window, sink)
+    want = naive_attention(*f32, meta, scale, window, sink)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("case", MULTI_QUERY_CASES)
+def test_multi_query_decodes_equal_one_query_per_position_bit_for_bit(case):
+    """One pass over the blocks for all of a sequence's rows gives each row exactly what it
+    gets as a one-query decode, in every dtype (bf16 on its vector path where the CPU has
+    one); the torch reference too."""
+    q, k_cache, v_cache, meta, scale, window, sink = multi_query_case(*case)
+    together = paged_attention_cpu(q, k_cache, v_cache, meta, scale, window, sink)
+    apart_meta = one_query_per_position(meta, k_cache.shape[2])
+    apart = paged_attention_cpu(q, k_cache, v_cache, apart_meta, scale, window, sink)
+    assert torch.equal(together, apart)
+    assert torch.equal(
+        paged_attention_torch(q, k_cache, v_cache, meta, scale, window, sink),
+        paged_attention_torch(q, k_cache, v_cache, apart_meta, scale, window, sink),
+    )
 
 
 @pytest.mark.parametrize("rows,hidden,dtype", LAYER_CASES)

@@ -76,16 +76,15 @@ class TorchSeqEngine:
         query_lens: list[int] = []
         seq_lens: list[int] = []
         tables: list[list[int]] = []
-        # A decode row with a draft is one decode per position (each attends to the cache up
-        # to its own position, the draft's K/V written first): the logits of every position
-        # are what plain decode steps would compute there.
+        # A decode row with a draft is one decode sequence of 1 + k query rows, each attending
+        # to the cache up to its own position (the draft's K/V written first): the logits of
+        # every position are what plain decode steps would compute there.
         for row in plan.decodes:
             input_ids += row.request.token_ids(row.start, row.start + 1) + list(row.draft)
-            for pos in range(row.start, row.start + row.num_tokens):
-                positions.append(pos)
-                query_lens.append(1)
-                seq_lens.append(pos + 1)
-                tables.append(row.request.block_ids)
+            positions += range(row.start, row.start + row.num_tokens)
+            query_lens.append(row.num_tokens)
+            seq_lens.append(row.start + row.num_tokens)
+            tables.append(row.request.block_ids)
         num_decodes = len(query_lens)
         for row in plan.prefills:
             input_ids += row.request.token_ids(row.start, row.start + row.num_tokens)

@@ -10,8 +10,9 @@ A sequence's token at position p lives in block `block_table[p // block_size]`, 
 sequence `[kv_heads, tokens, head_dim]` contiguous, the layout attention multiplies with,
 so no copy is needed between the gather and the matmuls.
 
-A step's rows are ordered decode rows first (one query each), then prompt chunks, each
-chunk the next `query_len` positions of its sequence.
+A step's rows are ordered decode sequences first (one query row each, or one per position of
+a draft), then prompt chunks; a sequence's rows are its next `query_len` positions, each
+seeing the keys up to its own position.
 
 Two variants every implementation takes: a sliding `window` (a row at position p sees keys
 p - window + 1 .. p; 0 = all keys) and attention `sinks` (float32 [num_heads]: one learned
@@ -54,9 +55,9 @@ def paged_attention_torch(
     Each row attends to its own sequence's cached tokens up to and including its position
     (the new K/V must already be written)."""
     out = torch.empty_like(q)
-    nd = meta.num_decodes
-    if nd:
-        out[:nd] = _decode(q[:nd], k_cache, v_cache, meta, scale, window, sinks)
+    rows = meta.num_decode_tokens
+    if rows:
+        out[:rows] = _decode(q[:rows], k_cache, v_cache, meta, scale, window, sinks)
     prefill_chunks(q, k_cache, v_cache, meta, scale, out, window, sinks)
     return out
 
@@ -96,20 +97,23 @@ def _decode(
     window: int = 0,
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    # q: [D, nh, hd]; one query per sequence, grouped by KV head so K/V are never repeated.
-    nd = meta.num_decodes
+    # q: [D, nh, hd], the decode sequences' query rows; each row attends as a one-query
+    # decode ending at its own position. Grouped by KV head so K/V are never repeated.
+    nd, D = meta.num_decodes, q.shape[0]
     kv_heads, block_size = k_cache.shape[0], k_cache.shape[2]
     max_len = max(meta.seq_lens_cpu[:nd])
     nb = -(-max_len // block_size)
-    keys = _gather(k_cache, meta.block_tables[:nd], nb)  # [kvh, D, L, hd]
-    values = _gather(v_cache, meta.block_tables[:nd], nb)
-    D, nh, hd = q.shape
+    seq, pos = meta.row_positions()
+    seq, row_lens = seq[:D], pos[:D, None] + 1  # [D], [D, 1]: each row's sequence and end
+    keys = _gather(k_cache, meta.block_tables[seq], nb)  # [kvh, D, L, hd]
+    values = _gather(v_cache, meta.block_tables[seq], nb)
+    nh, hd = q.shape[1], q.shape[2]
     qg = q.view(D, kv_heads, nh // kv_heads, hd).transpose(0, 1)  # [kvh, D, g, hd]
     scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * scale  # [kvh, D, g, L]
     positions = torch.arange(keys.shape[2], device=q.device)
-    invalid = positions[None, :] >= meta.seq_lens[:nd, None]  # [D, L]
-    if window:  # the row sits at seq_len - 1 and sees the last `window` keys
-        invalid |= positions[None, :] < meta.seq_lens[:nd, None] - window
+    invalid = positions[None, :] >= row_lens  # [D, L]
+    if window:  # the row sits at row_len - 1 and sees the last `window` keys
+        invalid |= positions[None, :] < row_lens - window
     scores.masked_fill_(invalid[None, :, None, :], float("-inf"))
     sink = None if sinks is None else sinks.float().view(kv_heads, 1, nh // kv_heads, 1)
     probs = softmax_with_sinks(scores, sink).to(q.dtype)

@@ -1,12 +1,14 @@
 """Paged attention and KV writes as Triton kernels (GPUs: CUDA, and ROCm unchanged).
 
 One attention kernel serves decode rows and prompt chunks alike: each program takes one
-query row and one KV head, with all the query heads that share that KV head (GQA: each KV
-block is read once per group), and walks the row's blocks through the block table with an
-online softmax. Long contexts are split over several programs (split-K), whose partial
-results a second kernel combines:
+work item (all query rows of a decode sequence, or one row of a prompt chunk) and one KV
+head, with all the query heads that share that KV head, and walks the item's blocks through
+the block table with an online softmax: each KV block is read once per GQA group and, for a
+decode with a draft, once for all of its positions, each row masked at its own causal end.
+Long contexts are split over several programs (split-K), whose partial results a second
+kernel combines:
 
-    grid (rows, kv_heads, splits)            grid (rows, heads)
+    grid (items, kv_heads, splits)           grid (rows, heads)
     ┌──────────────────────────┐   m, l, acc   ┌───────────────────┐
     │ blocks [s*P, (s+1)*P) of │ ────────────► │ rescale and sum   │ ─► out
     │ this row's sequence      │  per split    │ the splits        │
@@ -62,6 +64,8 @@ def _attention_split_kernel(
     block_tables_ptr,
     row_seq_ptr,
     row_pos_ptr,
+    item_row_ptr,
+    item_len_ptr,
     part_acc_ptr,
     part_m_ptr,
     part_l_ptr,
@@ -75,6 +79,7 @@ def _attention_split_kernel(
     num_splits,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
+    TILE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCKS_PER_SPLIT: tl.constexpr,
@@ -82,52 +87,67 @@ def _attention_split_kernel(
     DOT_DTYPE: tl.constexpr,
     EMULATE_BF16: tl.constexpr,
 ):
-    row = tl.program_id(0)
+    # One work item: `n` consecutive query rows of one sequence (all rows of a decode, or one
+    # row of a prompt chunk), tiled as TILE = rows x GROUP_PAD query heads:
+    #   tile row t -> query row row0 + t // GROUP_PAD, head kv_head * GROUP + t % GROUP_PAD
+    item = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    seq = tl.load(row_seq_ptr + row)
-    pos = tl.load(row_pos_ptr + row)  # this row's position: it sees keys first_key..pos
+    row0 = tl.load(item_row_ptr + item)
+    n = tl.load(item_len_ptr + item)
+    t = tl.arange(0, TILE)
+    qi = t // GROUP_PAD
+    g = t % GROUP_PAD
+    rows = row0 + tl.minimum(qi, n - 1)  # padding rows mirror the last row
+    seq = tl.load(row_seq_ptr + row0)
+    pos = tl.load(row_pos_ptr + rows)  # [TILE]: each row sees keys first_key..pos
     first_key = tl.where(window > 0, tl.maximum(pos - window + 1, 0), 0)
-    num_seq_blocks = pos // BLOCK_SIZE + 1
-    first = tl.maximum(split * BLOCKS_PER_SPLIT, first_key // BLOCK_SIZE)
+    # The item's first row sees the earliest key, its last row the latest.
+    first_pos = tl.load(row_pos_ptr + row0)
+    last_pos = tl.load(row_pos_ptr + row0 + n - 1)
+    earliest = tl.where(window > 0, tl.maximum(first_pos - window + 1, 0), 0)
+    num_seq_blocks = last_pos // BLOCK_SIZE + 1
+    first = tl.maximum(split * BLOCKS_PER_SPLIT, earliest // BLOCK_SIZE)
     last = tl.minimum(split * BLOCKS_PER_SPLIT + BLOCKS_PER_SPLIT, num_seq_blocks)
 
-    g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, HEAD_DIM)
     s = tl.arange(0, BLOCK_SIZE)
     heads = kv_head * GROUP + g
-    g_mask = g < GROUP
+    live = (g < GROUP) & (qi < n)
     q = tl.load(
-        q_ptr + row.to(tl.int64) * q_stride_t + heads[:, None] * q_stride_h + d[None, :],
-        mask=g_mask[:, None],
+        q_ptr + rows.to(tl.int64)[:, None] * q_stride_t + heads[:, None] * q_stride_h + d[None, :],
+        mask=live[:, None],
         other=0.0,
-    ).to(DOT_DTYPE)  # [GROUP_PAD, HEAD_DIM]
+    ).to(DOT_DTYPE)  # [TILE, HEAD_DIM]
 
-    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    l_sum = tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+    m = tl.full([TILE], float("-inf"), tl.float32)
+    l_sum = tl.zeros([TILE], tl.float32)
+    acc = tl.zeros([TILE, HEAD_DIM], tl.float32)
     head_base = kv_head.to(tl.int64) * num_blocks
     for b in range(first, last):
         block = tl.load(block_tables_ptr + seq.to(tl.int64) * max_blocks_per_seq + b)
-        rows = (head_base + block) * BLOCK_SIZE + s  # [BLOCK_SIZE] cache rows
-        k = tl.load(k_cache_ptr + rows[:, None] * HEAD_DIM + d[None, :]).to(DOT_DTYPE)
-        v = tl.load(v_cache_ptr + rows[:, None] * HEAD_DIM + d[None, :]).to(DOT_DTYPE)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [GROUP_PAD, BS]
-        visible = ((b * BLOCK_SIZE + s) <= pos) & ((b * BLOCK_SIZE + s) >= first_key)
-        scores = tl.where(visible[None, :], scores, float("-inf"))
+        cache_rows = (head_base + block) * BLOCK_SIZE + s  # [BLOCK_SIZE]
+        k = tl.load(k_cache_ptr + cache_rows[:, None] * HEAD_DIM + d[None, :]).to(DOT_DTYPE)
+        v = tl.load(v_cache_ptr + cache_rows[:, None] * HEAD_DIM + d[None, :]).to(DOT_DTYPE)
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [TILE, BS]
+        key = b * BLOCK_SIZE + s
+        visible = (key[None, :] <= pos[:, None]) & (key[None, :] >= first_key[:, None])
+        scores = tl.where(visible, scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, 1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(scores - m_new[:, None])
+        # A row that has seen no key yet (its window starts in a later block) stays empty.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m - m_safe)
+        p = tl.exp(scores - m_safe[:, None])
         l_sum = l_sum * alpha + tl.sum(p, 1)
         if EMULATE_BF16:  # what p.to(bf16) does on a GPU, in the interpreter's fp32 tiles
             p = round_to_bf16(p)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m = m_new
 
-    out = (row * num_heads + heads) * num_splits + split
-    tl.store(part_m_ptr + out, m, mask=g_mask)
-    tl.store(part_l_ptr + out, l_sum, mask=g_mask)
-    tl.store(part_acc_ptr + out[:, None] * HEAD_DIM + d[None, :], acc, mask=g_mask[:, None])
+    out = (rows * num_heads + heads) * num_splits + split
+    tl.store(part_m_ptr + out, m, mask=live)
+    tl.store(part_l_ptr + out, l_sum, mask=live)
+    tl.store(part_acc_ptr + out[:, None] * HEAD_DIM + d[None, :], acc, mask=live[:, None])
 
 
 @triton.jit
@@ -264,17 +284,27 @@ def write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
     )
 
 
-def row_positions(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-    """For each query row: its sequence index and its position in that sequence."""
+def _work_items(meta: AttentionMetadata) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+    """(first row, number of rows) per work item, and the rows a tile holds, per launch: one
+    launch for the decode sequences with several rows (a drafted decode, its rows tiled
+    together), one for every other row alone (so a prompt chunk's rows pay no padding)."""
     device = meta.seq_lens.device
-    query_lens = torch.tensor(
-        [b - a for a, b in zip(meta.query_start_cpu, meta.query_start_cpu[1:])], device=device
-    )
-    seq = torch.repeat_interleave(torch.arange(meta.num_seqs, device=device), query_lens)
-    starts = torch.tensor(meta.query_start_cpu[:-1], device=device)
-    offset = torch.arange(meta.num_tokens, device=device) - starts[seq]
-    pos = (meta.seq_lens.to(torch.int64) - query_lens)[seq] + offset
-    return seq.to(torch.int32), pos.to(torch.int32)
+    starts, nd = meta.query_start_cpu, meta.num_decodes
+    lens = [b - a for a, b in zip(starts[:nd], starts[1 : nd + 1])]
+    rows_pad = triton.next_power_of_2(max(lens, default=1))
+    if rows_pad == 1:  # no drafts: every row is its own item
+        rows = torch.arange(meta.num_tokens, dtype=torch.int32, device=device)
+        return [(rows, torch.ones_like(rows), 1)]
+
+    def tensor(values) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32, device=device)
+
+    decodes = (tensor(starts[:nd]), tensor(lens), rows_pad)
+    first = meta.num_decode_tokens
+    if first == meta.num_tokens:
+        return [decodes]
+    rows = torch.arange(first, meta.num_tokens, dtype=torch.int32, device=device)
+    return [decodes, (rows, torch.ones_like(rows), 1)]
 
 
 def paged_attention(
@@ -301,40 +331,45 @@ def paged_attention(
     group = num_heads // kv_heads
     max_blocks = -(-meta.max_seq_len // block_size)
     splits = max(1, -(-max_blocks // BLOCKS_PER_SPLIT))
-    seq, pos = row_positions(meta)
+    seq, pos = meta.row_positions()
     part_acc = torch.empty(
         num_tokens, num_heads, splits, head_dim, dtype=torch.float32, device=q.device
     )
     part_m = torch.empty(num_tokens, num_heads, splits, dtype=torch.float32, device=q.device)
     part_l = torch.empty_like(part_m)
-    _attention_split_kernel[(num_tokens, kv_heads, splits)](
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        seq,
-        pos,
-        part_acc,
-        part_m,
-        part_l,
-        q.stride(0),
-        q.stride(1),
-        scale,
-        window,
-        num_heads,
-        num_blocks,
-        block_tables.shape[1],
-        splits,
-        GROUP=group,
-        GROUP_PAD=max(16, triton.next_power_of_2(group)),
-        HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size,
-        BLOCKS_PER_SPLIT=BLOCKS_PER_SPLIT,
-        # fp32 stays exact (no TF32); half types use the tensor cores.
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        DOT_DTYPE=_dot_dtype(q.dtype),
-        EMULATE_BF16=interpreting_bf16(q.dtype),
-    )
+    group_pad = triton.next_power_of_2(group)
+    for item_row, item_len, rows_pad in _work_items(meta):
+        _attention_split_kernel[(item_row.shape[0], kv_heads, splits)](
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            seq,
+            pos,
+            item_row,
+            item_len,
+            part_acc,
+            part_m,
+            part_l,
+            q.stride(0),
+            q.stride(1),
+            scale,
+            window,
+            num_heads,
+            num_blocks,
+            block_tables.shape[1],
+            splits,
+            GROUP=group,
+            GROUP_PAD=group_pad,
+            TILE=max(16, rows_pad * group_pad),  # tl.dot takes at least 16 rows
+            HEAD_DIM=head_dim,
+            BLOCK_SIZE=block_size,
+            BLOCKS_PER_SPLIT=BLOCKS_PER_SPLIT,
+            # fp32 stays exact (no TF32); half types use the tensor cores.
+            PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+            DOT_DTYPE=_dot_dtype(q.dtype),
+            EMULATE_BF16=interpreting_bf16(q.dtype),
+        )
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     _attention_reduce_kernel[(num_tokens, num_heads)](
         part_acc,

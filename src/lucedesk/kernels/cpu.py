@@ -36,8 +36,9 @@ def paged_attention_cpu(
     window: int = 0,
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Same contract as `paged_attention_torch`: decode rows in C++ over the blocks in
-    place; prompt chunks through torch's SDPA (compute-bound, where oneDNN's matmuls win)."""
+    """Same contract as `paged_attention_torch`: decode sequences in C++ over the blocks in
+    place, each block read once for all of a sequence's query rows; prompt chunks through
+    torch's SDPA (compute-bound, where oneDNN's matmuls win)."""
     _check_inputs(q, k_cache, v_cache)
     require(q.shape[0] == meta.num_tokens, f"q has {q.shape[0]} rows, the step {meta.num_tokens}")
     require(window >= 0, f"window must be >= 0, got {window}")
@@ -48,15 +49,16 @@ def paged_attention_cpu(
         )
         sinks = sinks.contiguous()
     out = torch.empty(q.shape, dtype=q.dtype)
-    nd = meta.num_decodes
+    nd, rows = meta.num_decodes, meta.num_decode_tokens
     if nd:
         load_cpu_ops().paged_decode_attention(
-            out[:nd],
-            q[:nd],
+            out[:rows],
+            q[:rows],
             k_cache,
             v_cache,
             meta.block_tables,
             meta.seq_lens,
+            meta.query_start[: nd + 1],
             scale,
             window,
             sinks,

@@ -9,11 +9,14 @@ import torch
 
 @dataclass(slots=True)
 class AttentionMetadata:
-    """Rows of the step are grouped into sequences: the first `num_decodes` sequences have one
-    query row each (decode), the rest are prompt chunks.
+    """Rows of the step are grouped into sequences: the first `num_decodes` sequences are
+    decodes, the rest prompt chunks. A decode has one query row, or 1 + k when it carries a
+    k-token draft; the decode kernels read its KV blocks once for all of its rows. Row j of
+    a sequence with n rows sits at position seq_len - n + j and sees keys up to there (its
+    causal end), in a decode as in a chunk:
 
-        query rows:   | d0 | d1 | d2 | p0 p0 p0 p0 | p1 p1 |
-        query_start:  0    1    2    3             7       9
+        query rows:   | d0 | d1 d1 d1 | d2 | p0 p0 p0 p0 | p1 p1 |
+        query_start:  0    1          4    5             9       11
     """
 
     slot_mapping: torch.Tensor  # [num_tokens] int64: cache row each new K/V is written to
@@ -34,6 +37,22 @@ class AttentionMetadata:
     @property
     def num_tokens(self) -> int:
         return self.query_start_cpu[-1]
+
+    @property
+    def num_decode_tokens(self) -> int:
+        """Query rows of the decode sequences (they come first)."""
+        return self.query_start_cpu[self.num_decodes]
+
+    def row_positions(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """For each query row: its sequence index and its position in that sequence (int32,
+        on the metadata's device)."""
+        device = self.seq_lens.device
+        starts = self.query_start_cpu
+        query_lens = torch.tensor([b - a for a, b in zip(starts, starts[1:])], device=device)
+        seq = torch.repeat_interleave(torch.arange(self.num_seqs, device=device), query_lens)
+        offset = torch.arange(self.num_tokens, device=device) - self.query_start.long()[seq]
+        pos = (self.seq_lens.to(torch.int64) - query_lens)[seq] + offset
+        return seq.to(torch.int32), pos.to(torch.int32)
 
     @classmethod
     def build(

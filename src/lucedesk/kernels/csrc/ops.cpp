@@ -5,8 +5,10 @@
 // match it to the last bit in the rotary and the residual add.
 //
 // Paged decode attention reads the KV blocks in place through the block table; one task
-// per (sequence, KV head) handles all query heads of that GQA group, so each block is read
-// once per KV head. Every row's result depends only on that row: batching cannot change it.
+// per (sequence, KV head) handles all query heads of that GQA group and all query rows of
+// the sequence (a decode with a draft has one per position, each with its own causal end),
+// so each block is read once per KV head. Every row's result depends only on that row and
+// its causal end: batching, or the other rows of its sequence, cannot change it.
 
 #include "attention.h"
 #include "int8.h"
@@ -16,7 +18,8 @@
 TORCH_LIBRARY(lucedesk_cpu, m) {
   m.def(
       "paged_decode_attention(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, "
-      "Tensor block_tables, Tensor seq_lens, float scale, int window, Tensor? sinks) -> ()",
+      "Tensor block_tables, Tensor seq_lens, Tensor query_start, float scale, int window, "
+      "Tensor? sinks) -> ()",
       &paged_decode_attention);
   m.def("add_rms_norm(Tensor x, Tensor? residual, Tensor weight, float eps) -> (Tensor, Tensor)",
         &add_rms_norm);
