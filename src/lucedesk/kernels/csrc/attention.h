@@ -40,6 +40,43 @@ inline void scores16_bf16(const c10::BFloat16* q, const c10::BFloat16* kb, int64
   const __m512 s = _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale));
   _mm512_mask_storeu_ps(scores, static_cast<__mmask16>((1u << rows) - 1), s);
 }
+// acc[k] += the first `rows` value rows of a block (one 32-wide slice) weighed by heads
+// k < H's probability pairs (ph + k * half): (lo, hi) of head k at acc + k * 32. Pairs of
+// rows come interleaved in `inter`; a row count that ends mid-pair pairs its last row
+// with zeros, as a one-row decode does at its context's end.
+template <int H>
+inline void weigh_value_pairs(float* acc, const int32_t* ph, int64_t half, const int32_t* inter,
+                              const c10::BFloat16* vb, int64_t hd, int64_t rows) {
+  __m512 lo[H], hi[H];
+#pragma GCC unroll 4
+  for (int k = 0; k < H; ++k) {
+    lo[k] = _mm512_loadu_ps(acc + k * 32);
+    hi[k] = _mm512_loadu_ps(acc + k * 32 + 16);
+  }
+  for (int64_t r = 0; r < rows; r += 2) {
+    __m512i vlo, vhi;
+    if (r + 1 < rows) {
+      vlo = _mm512_loadu_si512(inter + r * 16);
+      vhi = _mm512_loadu_si512(inter + (r + 1) * 16);
+    } else {
+      const __m512i a = _mm512_loadu_si512(vb + r * hd);
+      vlo = _mm512_unpacklo_epi16(a, _mm512_setzero_si512());
+      vhi = _mm512_unpackhi_epi16(a, _mm512_setzero_si512());
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < H; ++k) {
+      const __m512bh pp = (__m512bh)_mm512_set1_epi32(ph[k * half + r / 2]);
+      lo[k] = _mm512_dpbf16_ps(lo[k], pp, (__m512bh)vlo);
+      hi[k] = _mm512_dpbf16_ps(hi[k], pp, (__m512bh)vhi);
+    }
+  }
+#pragma GCC unroll 4
+  for (int k = 0; k < H; ++k) {
+    _mm512_storeu_ps(acc + k * 32, lo[k]);
+    _mm512_storeu_ps(acc + k * 32 + 16, hi[k]);
+  }
+}
+
 // out[i, g] = inv_sum[i, g] * sum_j p[i, g, j] v_j for each row i and query head g of a
 // sequence, its value rows read in place once for all of them (blocks outer, rows inner).
 // p[i, g] starts at p + (i * group + g) * stride. Pairs of value rows interleaved
@@ -69,27 +106,41 @@ inline void weighted_values_bf16(const float* p, int64_t stride, const QueryRows
     }
   }
   std::vector<float> acc(heads * 32);  // (lo, hi) of each row and head
+  // A block's value rows of this slice interleaved in pairs once, for every row and head
+  // that weighs them: (lo, hi) of pair r / 2 at inter[r * 16], inter[(r + 1) * 16].
+  std::vector<int32_t> inter(bs * 16);
+  const int64_t stop = rows_of.end[n - 1];
   for (int64_t c = 0; c < hd; c += 32) {
     std::fill(acc.begin(), acc.end(), 0.f);
-    for (int64_t j0 = rows_of.begin[0]; j0 < rows_of.end[n - 1]; j0 += bs) {
+    for (int64_t j0 = rows_of.begin[0]; j0 < stop; j0 += bs) {
       const c10::BFloat16* vb = vp + ((head * num_blocks + table[j0 / bs]) * bs) * hd + c;
+      const int64_t block_rows = std::min(bs, stop - j0);
+      for (int64_t r = 0; r < block_rows; r += 2) {
+        const __m512i a = _mm512_loadu_si512(vb + r * hd);
+        const __m512i b =
+            r + 1 < block_rows ? _mm512_loadu_si512(vb + (r + 1) * hd) : _mm512_setzero_si512();
+        _mm512_storeu_si512(inter.data() + r * 16, _mm512_unpacklo_epi16(a, b));
+        _mm512_storeu_si512(inter.data() + (r + 1) * 16, _mm512_unpackhi_epi16(a, b));
+      }
       for (int64_t i = 0; i < n; ++i) {
         if (!rows_of.walks(i, j0)) continue;
         const int64_t rows = std::min(bs, rows_of.end[i] - j0);
-        for (int64_t h = i * group; h < (i + 1) * group; ++h) {
-          __m512 lo = _mm512_loadu_ps(acc.data() + h * 32);
-          __m512 hi = _mm512_loadu_ps(acc.data() + h * 32 + 16);
+        // Up to four heads at once: their sums are independent chains of vdpbf16ps, each
+        // in its own order, so interleaving them hides the instruction's latency.
+        for (int64_t h = i * group; h < (i + 1) * group;) {
+          const int64_t left = (i + 1) * group - h;
           const int32_t* ph = pairs.data() + h * half + j0 / 2;
-          for (int64_t r = 0; r < rows; r += 2) {
-            const __m512i a = _mm512_loadu_si512(vb + r * hd);
-            const __m512i b =
-                r + 1 < rows ? _mm512_loadu_si512(vb + (r + 1) * hd) : _mm512_setzero_si512();
-            const __m512bh pp = (__m512bh)_mm512_set1_epi32(ph[r / 2]);
-            lo = _mm512_dpbf16_ps(lo, pp, (__m512bh)_mm512_unpacklo_epi16(a, b));
-            hi = _mm512_dpbf16_ps(hi, pp, (__m512bh)_mm512_unpackhi_epi16(a, b));
+          float* ah = acc.data() + h * 32;
+          if (left >= 4) {
+            weigh_value_pairs<4>(ah, ph, half, inter.data(), vb, hd, rows);
+          } else if (left == 3) {
+            weigh_value_pairs<3>(ah, ph, half, inter.data(), vb, hd, rows);
+          } else if (left == 2) {
+            weigh_value_pairs<2>(ah, ph, half, inter.data(), vb, hd, rows);
+          } else {
+            weigh_value_pairs<1>(ah, ph, half, inter.data(), vb, hd, rows);
           }
-          _mm512_storeu_ps(acc.data() + h * 32, lo);
-          _mm512_storeu_ps(acc.data() + h * 32 + 16, hi);
+          h += std::min<int64_t>(left, 4);
         }
       }
     }
