@@ -43,6 +43,7 @@ class EngineLoop:
         self._stopping = False
         self._drain = False
         self._drain_timeout = 30.0
+        self._closing: dict[str, None] = {}  # finished requests whose last delta waits
         self._publish()  # monitors see the idle slots and the pool before any request
 
     # -- any thread -------------------------------------------------------------------------
@@ -116,6 +117,7 @@ class EngineLoop:
                 log.exception("engine step failed; failing the running requests")
                 for req in list(self.scheduler.running):
                     self._finish(req, FinishReason.ERROR, "internal engine error")
+                self._publish()
 
     def step(self) -> None:
         """One scheduling step: take submissions and cancels, plan, execute, record, stream.
@@ -193,10 +195,13 @@ class EngineLoop:
         return StepResult(sampled, errors, logprobs, frozenset(stopped), accepted)
 
     def _close(self, request_id: str) -> None:
-        """Send a finished request's last delta and forget it."""
-        req = self.outputs.close(request_id)
-        if req is not None:
+        """Count a finished request in the stats and queue its last delta, which the next
+        snapshot sends (_publish): a client whose stream has ended reads stats in which the
+        request no longer runs."""
+        req = self.outputs.get(request_id)
+        if req is not None and request_id not in self._closing:
             self._collector.on_finish(req)
+            self._closing[request_id] = None
 
     def _finish(self, req: Request, reason: FinishReason, error: str | None = None) -> None:
         self.scheduler.finish(req, reason, error)
@@ -215,3 +220,6 @@ class EngineLoop:
         self._stats = self._collector.snapshot(
             self.scheduler, self.model_name, now, self._num_pending
         )
+        closing, self._closing = self._closing, {}
+        for request_id in closing:
+            self.outputs.close(request_id)
