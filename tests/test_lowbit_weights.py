@@ -85,6 +85,24 @@ def test_low_bit_rows_do_not_depend_on_the_batch(bits):
             assert torch.equal(weight(x[start:end]), together[start:end])
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_float16_scales_give_the_bits_of_float32_scales(bits):
+    """Scales that are float16 values (a Q4_0 / Q4_1 file's) are held in float16, a quarter
+    fewer bytes a 4-bit weight, and give the same bits as the same scales in float32."""
+    levels, d, m, g = random_levels(576, 1536, bits, 11)
+    d, m = d.half().float(), m.half().float()
+    x = torch.randn(19, 1536, generator=g).bfloat16()
+    for vector in PATHS:
+        weight = LowBitWeight(levels, d, m, bits, vector=vector)
+        assert weight.d.dtype == weight.m.dtype == torch.float16
+        wide = LowBitWeight(levels, d, m, bits, vector=vector)
+        wide.d, wide.m = wide.d.float(), wide.m.float()
+        assert torch.equal(weight(x), wide(x))
+        assert torch.equal(weight.dequantize(), wide.dequantize())
+    assert weight.nbytes <= 576 * 1536 * (0.625 if bits == 4 else 1.125)
+    assert LowBitWeight(levels, d + 1e-9, m, bits).d.dtype == torch.float32
+
+
 def test_eight_bit_weights_from_float_lose_at_most_a_510th_of_a_group():
     g = torch.Generator().manual_seed(2)
     w = torch.randn(64, 96, generator=g) * 0.05

@@ -117,8 +117,18 @@ def channel_blocks(scales: torch.Tensor) -> torch.Tensor:
 
 
 def channel_rows(blocks: torch.Tensor) -> torch.Tensor:
-    """`channel_blocks` undone: [N / 16, K / 32, 16] -> [N, K / 32]."""
-    return blocks.transpose(1, 2).reshape(-1, blocks.shape[1])
+    """`channel_blocks` undone: [N / 16, K / 32, 16] -> [N, K / 32] float32."""
+    return blocks.float().transpose(1, 2).reshape(-1, blocks.shape[1])
+
+
+def compact_scales(d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The group scales as float16 where every one is a float16 value (a Q4_0 or Q4_1
+    file's are), else as they are: the kernels widen them exactly, so the results are the
+    same bits for a quarter fewer bytes a 4-bit weight."""
+    d16, m16 = d.half(), m.half()
+    if torch.equal(d16.float(), d) and torch.equal(m16.float(), m):
+        return d16, m16
+    return d, m
 
 
 def affine(levels: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
@@ -175,7 +185,7 @@ class QuantizedWeight:
 
     @property
     def nbytes(self) -> int:
-        return self.q.numel() + (self.d.numel() + self.m.numel()) * 4
+        return self.q.numel() + (self.d.numel() + self.m.numel()) * self.d.element_size()
 
     def _activations(self, x: torch.Tensor) -> torch.Tensor:
         require(
@@ -237,7 +247,8 @@ class _LowBit(QuantizedWeight):
 
 class LowBitWeight(_LowBit):
     """A [N, K] weight as 4- or 8-bit levels: weights never widened in memory; a decode
-    step reads 0.75 (4-bit) or 1.25 (8-bit) bytes a weight."""
+    step reads 0.625 (4-bit, float16 scales) to 1.25 (8-bit, float32 scales) bytes a
+    weight."""
 
     def __init__(
         self,
@@ -252,7 +263,8 @@ class LowBitWeight(_LowBit):
         float32 [N, K / 32]."""
         super().__init__(bits, table, vector)
         self.shape = tuple(levels.shape)
-        self.q, self.d, self.m = pack_levels(levels, d, m, bits)
+        self.q, d, m = pack_levels(levels, d, m, bits)
+        self.d, self.m = compact_scales(d, m)
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, vector: bool | None = None) -> LowBitWeight:

@@ -20,7 +20,9 @@ namespace {
 //   q [N/16, K/32, 512 * bits / 8] uint8, values ordered v = 64 j + 4 c + e for channel c's
 //     input 4 j + e (a VNNI lane takes four inputs of one channel); at 4 bits byte p holds
 //     value p in its low nibble and value p + 256 in its high one;
-//   d, m [N/16, K/32, 16] float32.
+//   d, m [N/16, K/32, 16] float32, or float16 where the scales are float16 values (a
+//     Q4_0 / Q4_1 file's are): a quarter fewer bytes a weight, the same arithmetic (the
+//     scales are widened exactly).
 // Activations: row r's group g is xd[r, g] * xq[r, g, :] with xq in -127..127, and
 // xs[r, g] = xd[r, g] * sum(xq[r, g, :]). Then
 //   y[r, n] = sum over groups, in order, of fma(m, xs, fma(isum, d * xd, acc))
@@ -69,9 +71,15 @@ inline int level_at(const uint8_t* chunk, int64_t v, const uint8_t* lut) {
   return lut ? lut[nibble] : nibble;
 }
 
+// Sixteen group scales as floats.
+inline __attribute__((always_inline)) float scale_at(const float* s, int64_t i) { return s[i]; }
+inline __attribute__((always_inline)) float scale_at(const c10::Half* s, int64_t i) {
+  return static_cast<float>(s[i]);
+}
+
 // One block of sixteen channels for `rows` rows (at most kRowsAtOnce) -> out [rows, 16] float.
-template <int Bits>
-void block_rows_plain(const uint8_t* q, const float* d, const float* m, int64_t chunks,
+template <int Bits, typename S>
+void block_rows_plain(const uint8_t* q, const S* d, const S* m, int64_t chunks,
                       const RowsQ8& x, int64_t row0, int64_t rows, int64_t K, float* out,
                       const uint8_t* lut) {
   constexpr int64_t kChunk = 512 * Bits / 8;
@@ -87,8 +95,9 @@ void block_rows_plain(const uint8_t* q, const float* d, const float* m, int64_t 
         for (int64_t j = 0; j < 8; ++j)
           for (int64_t e = 0; e < 4; ++e)
             isum += level_at<Bits>(chunk, 64 * j + 4 * ch + e, lut) * xr[32 * c + 4 * j + e];
-        const float a = std::fma(static_cast<float>(isum), d[c * 16 + ch] * dx, acc[ch]);
-        acc[ch] = std::fma(m[c * 16 + ch], sx, a);
+        const float a =
+            std::fma(static_cast<float>(isum), scale_at(d, c * 16 + ch) * dx, acc[ch]);
+        acc[ch] = std::fma(scale_at(m, c * 16 + ch), sx, a);
       }
     }
     std::memcpy(out + 16 * r, acc, sizeof acc);
@@ -96,9 +105,14 @@ void block_rows_plain(const uint8_t* q, const float* d, const float* m, int64_t 
 }
 
 #if defined(LUCEDESK_VNNI)
+inline __m512 load16(const float* s) { return _mm512_loadu_ps(s); }
+inline __m512 load16(const c10::Half* s) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
+}
+
 // Rows is a compile-time count so that each row's sums stay in registers.
-template <int Bits, int Rows>
-void block_rows_vnni(const uint8_t* q, const float* d, const float* m, int64_t chunks,
+template <int Bits, int Rows, typename S>
+void block_rows_vnni(const uint8_t* q, const S* d, const S* m, int64_t chunks,
                      const RowsQ8& x, int64_t row0, int64_t K, float* out, const uint8_t* lut) {
   constexpr int64_t kChunk = 512 * Bits / 8;
   const __m512i low_bits = _mm512_set1_epi8(0x0F);
@@ -134,7 +148,7 @@ void block_rows_vnni(const uint8_t* q, const float* d, const float* m, int64_t c
         isum[r] = _mm512_dpbusd_epi32(isum[r], w[j], _mm512_set1_epi32(quad));
       }
     }
-    const __m512 dw = _mm512_loadu_ps(d + c * 16), mw = _mm512_loadu_ps(m + c * 16);
+    const __m512 dw = load16(d + c * 16), mw = load16(m + c * 16);
     for (int r = 0; r < Rows; ++r) {
       const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(xd[r * chunks + c]));
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), scale, acc[r]);
@@ -144,19 +158,19 @@ void block_rows_vnni(const uint8_t* q, const float* d, const float* m, int64_t c
   for (int r = 0; r < Rows; ++r) _mm512_storeu_ps(out + 16 * r, acc[r]);
 }
 
-template <int Bits>
-void block_rows_vnni(const uint8_t* q, const float* d, const float* m, int64_t chunks,
+template <int Bits, typename S>
+void block_rows_vnni(const uint8_t* q, const S* d, const S* m, int64_t chunks,
                      const RowsQ8& x, int64_t row0, int64_t rows, int64_t K, float* out,
                      const uint8_t* lut) {
   switch (rows) {
-    case 1: return block_rows_vnni<Bits, 1>(q, d, m, chunks, x, row0, K, out, lut);
-    case 2: return block_rows_vnni<Bits, 2>(q, d, m, chunks, x, row0, K, out, lut);
-    case 3: return block_rows_vnni<Bits, 3>(q, d, m, chunks, x, row0, K, out, lut);
-    case 4: return block_rows_vnni<Bits, 4>(q, d, m, chunks, x, row0, K, out, lut);
-    case 5: return block_rows_vnni<Bits, 5>(q, d, m, chunks, x, row0, K, out, lut);
-    case 6: return block_rows_vnni<Bits, 6>(q, d, m, chunks, x, row0, K, out, lut);
-    case 7: return block_rows_vnni<Bits, 7>(q, d, m, chunks, x, row0, K, out, lut);
-    default: return block_rows_vnni<Bits, 8>(q, d, m, chunks, x, row0, K, out, lut);
+    case 1: return block_rows_vnni<Bits, 1, S>(q, d, m, chunks, x, row0, K, out, lut);
+    case 2: return block_rows_vnni<Bits, 2, S>(q, d, m, chunks, x, row0, K, out, lut);
+    case 3: return block_rows_vnni<Bits, 3, S>(q, d, m, chunks, x, row0, K, out, lut);
+    case 4: return block_rows_vnni<Bits, 4, S>(q, d, m, chunks, x, row0, K, out, lut);
+    case 5: return block_rows_vnni<Bits, 5, S>(q, d, m, chunks, x, row0, K, out, lut);
+    case 6: return block_rows_vnni<Bits, 6, S>(q, d, m, chunks, x, row0, K, out, lut);
+    case 7: return block_rows_vnni<Bits, 7, S>(q, d, m, chunks, x, row0, K, out, lut);
+    default: return block_rows_vnni<Bits, 8, S>(q, d, m, chunks, x, row0, K, out, lut);
   }
 }
 #endif
@@ -171,14 +185,14 @@ bool lowbit_vector_available() {
 
 // Rows row0..row0 + M - 1 of x times one weight's block b of sixteen channels, into y
 // (row stride N). Each row's arithmetic depends on its own values only.
-template <int Bits>
-void lowbit_block(const RowsQ8& x, const uint8_t* q, const float* d, const float* m,
+template <int Bits, typename S>
+void lowbit_block(const RowsQ8& x, const uint8_t* q, const S* d, const S* m,
                   c10::BFloat16* y, int64_t row0, int64_t M, int64_t N, int64_t K, int64_t b,
                   bool vector, const uint8_t* lut) {
   const int64_t chunks = K / 32, block_bytes = chunks * 512 * Bits / 8;
   const uint8_t* qb = q + b * block_bytes;
-  const float* db = d + b * chunks * 16;
-  const float* mb = m + b * chunks * 16;
+  const S* db = d + b * chunks * 16;
+  const S* mb = m + b * chunks * 16;
   alignas(64) float out[kRowsAtOnce * 16];
   for (int64_t r0 = row0; r0 < row0 + M; r0 += kRowsAtOnce) {
     const int64_t rows = std::min<int64_t>(kRowsAtOnce, row0 + M - r0);
@@ -211,22 +225,35 @@ at::Tensor lowbit_linear(const at::Tensor& x, const at::Tensor& q, const at::Ten
                   q.size(2) == 64 * bits,
               "lowbit linear: q must be uint8 [N/16, K/32, 64 * bits]");
   const int64_t N = q.size(0) * 16, K = q.size(1) * 32, M = x.size(0);
-  check_int8_inputs(x, d, m, N, K);
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kBFloat16,
+              "lowbit linear: x must be contiguous bfloat16 [M, K]");
+  TORCH_CHECK(x.size(1) == K, "lowbit linear: x has ", x.size(1), " inputs, the weights ", K);
+  const bool half = d.scalar_type() == at::kHalf;
+  TORCH_CHECK((half || d.scalar_type() == at::kFloat) && m.scalar_type() == d.scalar_type() &&
+                  d.is_contiguous() && m.is_contiguous() && d.numel() == N * (K / 32) &&
+                  m.numel() == N * (K / 32),
+              "lowbit linear: group scales d and m must be float32 or float16, one per 32 "
+              "inputs");
   at::Tensor y = at::empty({M, N}, x.options());
   if (M == 0) return y;
   const RowsQ8 xq = quantize_rows(x.data_ptr<c10::BFloat16>(), M, K);
   const uint8_t* qp = q.data_ptr<uint8_t>();
-  const float *dp = d.data_ptr<float>(), *mp = m.data_ptr<float>();
   const uint8_t* table = lut.has_value() ? lut->data_ptr<uint8_t>() : nullptr;
   c10::BFloat16* yp = y.data_ptr<c10::BFloat16>();
-  at::parallel_for(0, N / 16, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      if (bits == 4)
-        lowbit_block<4>(xq, qp, dp, mp, yp, 0, M, N, K, b, vector, table);
-      else
-        lowbit_block<8>(xq, qp, dp, mp, yp, 0, M, N, K, b, vector, table);
-    }
-  });
+  const auto run = [&](const auto* dp, const auto* mp) {
+    at::parallel_for(0, N / 16, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        if (bits == 4)
+          lowbit_block<4>(xq, qp, dp, mp, yp, 0, M, N, K, b, vector, table);
+        else
+          lowbit_block<8>(xq, qp, dp, mp, yp, 0, M, N, K, b, vector, table);
+      }
+    });
+  };
+  if (half)
+    run(d.data_ptr<c10::Half>(), m.data_ptr<c10::Half>());
+  else
+    run(d.data_ptr<float>(), m.data_ptr<float>());
   return y;
 }
 
