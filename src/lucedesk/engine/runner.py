@@ -43,6 +43,21 @@ class PagedAttention:
         self.kernels.write_kv(k, v, k_cache, v_cache, self.meta.slot_mapping)
         return self.kernels.attention(q, k_cache, v_cache, self.meta, self.scale, window, sinks)
 
+    def cache_rows(
+        self, layer_idx: int, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The layer's caches and this step's rows in them, when they hold `dtype` as is."""
+        k_cache = self.k_caches[layer_idx]
+        if k_cache.dtype != dtype:
+            return None
+        return k_cache, self.v_caches[layer_idx], self.meta.slot_mapping
+
+    def attend(
+        self, layer_idx: int, q: torch.Tensor, window: int = 0, sinks: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        k_cache, v_cache = self.k_caches[layer_idx], self.v_caches[layer_idx]
+        return self.kernels.attention(q, k_cache, v_cache, self.meta, self.scale, window, sinks)
+
 
 class TorchSeqEngine:
     def __init__(

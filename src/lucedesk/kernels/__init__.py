@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -33,6 +33,8 @@ class Kernels(NamedTuple):
     rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     # (x [P, K] sorted by expert, weight [E, N, K], counts [E]) -> [P, N]: experts' matmuls
     grouped_linear: Callable[..., torch.Tensor]
+    # A dense layer's halves around attention as one call each (cpu.FusedLayerCalls), or None
+    fused: Any = None
 
 
 def resolve_kernels(name: str, device: torch.device) -> str:
@@ -66,7 +68,12 @@ def get_kernels(name: str) -> Kernels:
             grouped_linear_torch,
         )
     if name == "cpu":
-        from lucedesk.kernels.cpu import add_rms_norm_cpu, paged_attention_cpu, rotary_cpu
+        from lucedesk.kernels.cpu import (
+            FusedLayerCalls,
+            add_rms_norm_cpu,
+            paged_attention_cpu,
+            rotary_cpu,
+        )
         from lucedesk.kernels.cpu_build import KernelUnavailable, load_cpu_ops
 
         try:
@@ -82,6 +89,7 @@ def get_kernels(name: str) -> Kernels:
             add_rms_norm_cpu,
             rotary_cpu,
             grouped_linear_torch,
+            FusedLayerCalls(),
         )
     if name == "triton":
         try:

@@ -1,6 +1,7 @@
 """CPU kernels in C++ (`csrc/`, built by `cpu_build`): paged decode attention that reads KV
 blocks in place, fused residual-add + RMSNorm and in-place rotary embedding, each behind a
-wrapper that checks its arguments. The quantized weights' matmuls are in `quantized`."""
+wrapper that checks its arguments, and a dense layer's halves as one call each
+(`FusedLayerCalls`). The quantized weights' matmuls are in `quantized`."""
 
 from __future__ import annotations
 
@@ -10,6 +11,10 @@ from lucedesk.kernels.attention_torch import prefill_chunks
 from lucedesk.kernels.checks import check_norm_args, check_rotary_args, require
 from lucedesk.kernels.cpu_build import load_cpu_ops
 from lucedesk.kernels.metadata import AttentionMetadata
+from lucedesk.kernels.quantized import LowBitWeight
+
+# Where a step's new K/V rows go: (k_cache, v_cache, slot_mapping).
+CacheRows = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def _check_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
@@ -83,3 +88,50 @@ def rotary_cpu(
     check_rotary_args(q, k, cos, sin)
     load_cpu_ops().rotary_(q, k, cos, sin)
     return q, k
+
+
+class FusedLayerCalls:
+    """A dense layer's two halves around attention as one C++ call each (csrc/fused.h),
+    bit for bit the separate calls: norm + qkv + rotary (+ the K/V write), and norm +
+    gate|up + SiLU * up + down. For bfloat16 activations and low-bit weights."""
+
+    @staticmethod
+    def accepts(*weights: object) -> bool:
+        return all(isinstance(w, LowBitWeight) for w in weights)
+
+    @staticmethod
+    def attention_input(
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        norm: torch.Tensor,
+        eps: float,
+        qkv: LowBitWeight,
+        num_heads: int,
+        num_kv_heads: int,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: CacheRows | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, H] (+ residual) -> (qkv [T, (nh + 2 kvh) hd] with q and k rotated,
+        x + residual); with `cache`, k and v are written to their rows too."""
+        k_cache, v_cache, slots = cache if cache is not None else (None, None, None)
+        return load_cpu_ops().attention_input(
+            x, residual, norm, eps, qkv.q, qkv.d, qkv.m, qkv.bits, qkv.vector, qkv.lut,
+            num_heads, num_kv_heads, cos, sin, k_cache, v_cache, slots,
+        )  # fmt: skip
+
+    @staticmethod
+    def gated_mlp(
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        norm: torch.Tensor,
+        eps: float,
+        gate_up: LowBitWeight,
+        down: LowBitWeight,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, H] + residual -> (down(silu(gate) * up), x + residual)."""
+        require(gate_up.vector == down.vector, "gate|up and down must take the same path")
+        return load_cpu_ops().gated_mlp(
+            x, residual, norm, eps, gate_up.q, gate_up.d, gate_up.m, gate_up.bits, gate_up.lut,
+            down.q, down.d, down.m, down.bits, down.lut, down.vector,
+        )  # fmt: skip

@@ -46,6 +46,20 @@ class Attention(Protocol):
         `sinks` (float32 [num_heads]) join each softmax."""
         ...
 
+    def cache_rows(
+        self, layer_idx: int, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(k_cache, v_cache, slot_mapping) where a fused call may write this step's K/V
+        rows of `dtype` itself before `attend`; None: hand k and v to `__call__`."""
+        ...
+
+    def attend(
+        self, layer_idx: int, q: torch.Tensor, window: int = 0, sinks: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """`__call__` once the step's K/V rows are in the rows `cache_rows` named (called
+        only where it named some)."""
+        ...
+
 
 # A weight in another format (int8, 4-bit): called on activations [M, K] -> [M, N].
 Projection = Callable[[torch.Tensor], torch.Tensor]
@@ -120,6 +134,12 @@ class DecoderModel(nn.Module):
         """Norms, rotary and the experts' matmuls run through these (attention is the
         runner's, per step)."""
         self.kernels = kernels
+        self._fuse()
+
+    def _fuse(self) -> None:
+        """Each layer whose shape and weights the kernels' fused calls take runs them."""
+        for layer in self.layers:
+            layer.fused = layer.fused_calls(self.kernels, self.dtype)
 
     def projection_weights(self) -> list[torch.Tensor]:
         """Every dense matmul weight `quantize` would convert, the LM head last."""
@@ -142,6 +162,7 @@ class DecoderModel(nn.Module):
         if self.lm_head is not self.embed_tokens:
             self.lm_head.data = torch.empty(0, dtype=self.dtype, device=self.lm_head.device)
         self.weight_format = name
+        self._fuse()
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attention: Attention
@@ -201,6 +222,20 @@ class DecoderLayer(nn.Module):
         self.moe = MoEBlock(c, dtype) if c.is_moe_layer(index) else None
         self.mlp = None if self.moe is not None else DenseMLP(c, dtype)
         self.quantized: dict[str, Projection] = {}
+        self.fused: Any = None  # the kernels' FusedLayerCalls where they take this layer
+
+    def fused_calls(self, kernels: Kernels, dtype: torch.dtype) -> Any:
+        """The kernels' fused calls if they take this layer: a dense gated SiLU MLP, no
+        biases, q/k norms or sandwich norms, norms in the activations' dtype, and weights in
+        the form the calls multiply."""
+        c, fused = self.c, kernels.fused
+        plain = not (c.attention_bias or c.qk_norm or c.sandwich_norms or c.float32_norms)
+        if fused is None or not plain or self.mlp is None or c.hidden_act != "silu":
+            return None
+        if dtype != torch.bfloat16:
+            return None
+        names = ("qkv_proj", "gate_up_proj", "down_proj")
+        return fused if fused.accepts(*(self.quantized.get(n) for n in names)) else None
 
     def projections(self) -> dict[str, nn.Parameter]:
         """The dense matmul weights of this layer (the MLP's when it is not a mixture)."""
@@ -226,6 +261,8 @@ class DecoderLayer(nn.Module):
         attention: Attention,
         kernels: Kernels,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.fused is not None:
+            return self._forward_fused(x, residual, cos, sin, attention)
         c = self.c
         eps = c.rms_norm_eps
         # x: [T, H]; the residual stream is carried separately so each norm reads x + residual.
@@ -254,6 +291,35 @@ class DecoderLayer(nn.Module):
         if c.sandwich_norms:
             x = rms_norm(x, self.ffn_out_norm, eps)
         return x, residual
+
+    def _forward_fused(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attention: Attention,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` in four calls: norm + qkv + rotary (+ the K/V write), attention, o, and
+        norm + MLP; the same arithmetic as the separate calls."""
+        c, fused, eps = self.c, self.fused, self.c.rms_norm_eps
+        cache = attention.cache_rows(self.index, x.dtype)
+        qkv, residual = fused.attention_input(
+            x, residual, self.attn_norm, eps, self.quantized["qkv_proj"],
+            c.num_heads, c.num_kv_heads, cos, sin, cache,
+        )  # fmt: skip
+        T = qkv.shape[0]  # qkv: [T, q + 2kv]
+        q = qkv[:, : c.q_size].view(T, c.num_heads, c.head_dim)
+        if cache is not None:
+            o = attention.attend(self.index, q, self.window, self.sinks)
+        else:
+            k, v = qkv[:, c.q_size :].view(T, 2 * c.num_kv_heads, c.head_dim).chunk(2, dim=1)
+            o = attention(self.index, q, k, v, self.window, self.sinks)
+        x = self.project("o_proj", o.reshape(T, c.q_size), self.o_bias)
+        return fused.gated_mlp(
+            x, residual, self.ffn_norm, eps,
+            self.quantized["gate_up_proj"], self.quantized["down_proj"],
+        )  # fmt: skip
 
 
 def norm_dtype(c: ModelConfig, dtype: torch.dtype) -> torch.dtype:
@@ -294,3 +360,6 @@ class CausalAttention:
         from lucedesk.kernels.attention_torch import causal_attention_torch
 
         return causal_attention_torch(q, k, v, self.scale, window, sinks)
+
+    def cache_rows(self, layer_idx: int, dtype: torch.dtype) -> None:
+        return None  # no cache: k and v come with each call

@@ -11,6 +11,7 @@
 // its causal end: batching, or the other rows of its sequence, cannot change it.
 
 #include "attention.h"
+#include "fused.h"
 #include "int8.h"
 #include "layers.h"
 #include "lowbit.h"
@@ -38,4 +39,15 @@ TORCH_LIBRARY(lucedesk_cpu, m) {
   m.def("lowbit_vector_available() -> bool", &lowbit_vector_available);
   m.def("rotary_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin) -> ()",
         &rotary_);
+  m.def(
+      "attention_input(Tensor x, Tensor? residual, Tensor norm, float eps, Tensor q, Tensor d, "
+      "Tensor m, int bits, bool vector, Tensor? lut, int num_heads, int num_kv_heads, "
+      "Tensor cos, Tensor sin, Tensor(a!)? k_cache, Tensor(b!)? v_cache, "
+      "Tensor? slot_mapping) -> (Tensor, Tensor)",
+      &attention_input);
+  m.def(
+      "gated_mlp(Tensor x, Tensor residual, Tensor norm, float eps, Tensor gu_q, Tensor gu_d, "
+      "Tensor gu_m, int gu_bits, Tensor? gu_lut, Tensor down_q, Tensor down_d, Tensor down_m, "
+      "int down_bits, Tensor? down_lut, bool vector) -> (Tensor, Tensor)",
+      &gated_mlp);
 }

@@ -1,0 +1,108 @@
+// A dense decoder layer's two halves around attention, each one call from Python: the same
+// kernels the separate calls run (add_rms_norm, lowbit_linear, rotary_, ATen's silu and
+// mul), in the same order on the same values, so the results are bit for bit those of the
+// separate calls. What a fused call saves is the Python and dispatch between ~10 small
+// calls a layer, which at one decode row cost as much as the matmuls' memory traffic.
+#pragma once
+
+#include "layers.h"
+#include "lowbit.h"
+
+namespace {
+
+void check_activations(const at::Tensor& x, const std::optional<at::Tensor>& residual,
+                       const at::Tensor& norm) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kBFloat16,
+              "fused layer: x must be contiguous bfloat16 [T, H]");
+  TORCH_CHECK(norm.dim() == 1 && norm.size(0) == x.size(1) && norm.is_contiguous() &&
+                  norm.scalar_type() == at::kBFloat16,
+              "fused layer: the norm weight must be contiguous bfloat16 [H]");
+  if (residual.has_value())
+    TORCH_CHECK(residual->sizes() == x.sizes() && residual->is_contiguous() &&
+                    residual->scalar_type() == at::kBFloat16,
+                "fused layer: the residual must be contiguous bfloat16 like x");
+}
+
+// K and V rows of this step [T, kvh, hd] (views into qkv) -> cache rows slot[t] of
+// caches [kvh, num_blocks, bs, hd], as write_kv_torch places them.
+void write_kv_rows(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache,
+                   at::Tensor& v_cache, const at::Tensor& slots) {
+  const int64_t T = k.size(0), kvh = k.size(1), hd = k.size(2);
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
+                  k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  k_cache.scalar_type() == k.scalar_type() &&
+                  v_cache.scalar_type() == k.scalar_type() && k_cache.size(0) == kvh &&
+                  k_cache.size(3) == hd,
+              "fused layer: caches must be contiguous [kv_heads, blocks, block_size, head_dim] "
+              "in the activations' dtype");
+  TORCH_CHECK(slots.dim() == 1 && slots.size(0) == T && slots.scalar_type() == at::kLong &&
+                  slots.is_contiguous(),
+              "fused layer: slot_mapping must be contiguous int64 [T]");
+  const int64_t rows = k_cache.size(1) * k_cache.size(2);
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  auto* kc = k_cache.data_ptr<c10::BFloat16>();
+  auto* vc = v_cache.data_ptr<c10::BFloat16>();
+  const auto* kp = k.data_ptr<c10::BFloat16>();
+  const auto* vp = v.data_ptr<c10::BFloat16>();
+  for (int64_t t = 0; t < T; ++t) {
+    TORCH_CHECK(sp[t] >= 0 && sp[t] < rows, "fused layer: slot ", sp[t], " out of range");
+    for (int64_t h = 0; h < kvh; ++h) {
+      const int64_t src = t * k.stride(0) + h * k.stride(1), dst = (h * rows + sp[t]) * hd;
+      std::memcpy(kc + dst, kp + src, hd * sizeof(c10::BFloat16));
+      std::memcpy(vc + dst, vp + t * v.stride(0) + h * v.stride(1), hd * sizeof(c10::BFloat16));
+    }
+  }
+}
+
+// x [T, H] (+ residual) -> (qkv [T, (nh + 2 kvh) hd] with q and k rotated, x + residual):
+// add_rms_norm, the qkv matmul, rotary on q and k; with caches, k and v are also written
+// to their slots.
+std::tuple<at::Tensor, at::Tensor> attention_input(
+    const at::Tensor& x, const std::optional<at::Tensor>& residual, const at::Tensor& norm,
+    double eps, const at::Tensor& q, const at::Tensor& d, const at::Tensor& m, int64_t bits,
+    bool vector, const std::optional<at::Tensor>& lut, int64_t num_heads, int64_t num_kv_heads,
+    const at::Tensor& cos, const at::Tensor& sin, std::optional<at::Tensor> k_cache,
+    std::optional<at::Tensor> v_cache, const std::optional<at::Tensor>& slot_mapping) {
+  check_activations(x, residual, norm);
+  auto [h, residual_out] = add_rms_norm(x, residual, norm, eps);
+  at::Tensor qkv = lowbit_linear(h, q, d, m, bits, vector, lut);
+  const int64_t T = x.size(0), hd = qkv.size(1) / (num_heads + 2 * num_kv_heads);
+  TORCH_CHECK(hd * (num_heads + 2 * num_kv_heads) == qkv.size(1) && hd % 2 == 0,
+              "fused layer: the qkv weight's outputs are not (heads + 2 kv heads) x head_dim");
+  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 2 && cos.size(0) == T &&
+                  cos.size(1) == hd && cos.is_contiguous() && sin.is_contiguous() &&
+                  cos.scalar_type() == at::kBFloat16 && sin.scalar_type() == at::kBFloat16,
+              "fused layer: cos/sin must be contiguous bfloat16 [T, head_dim]");
+  at::Tensor qh = qkv.narrow(1, 0, num_heads * hd).view({T, num_heads, hd});
+  at::Tensor kh = qkv.narrow(1, num_heads * hd, num_kv_heads * hd).view({T, num_kv_heads, hd});
+  rotary_(qh, kh, cos, sin);
+  TORCH_CHECK(k_cache.has_value() == v_cache.has_value() &&
+                  k_cache.has_value() == slot_mapping.has_value(),
+              "fused layer: k_cache, v_cache and slot_mapping come together");
+  if (k_cache.has_value()) {
+    at::Tensor vh =
+        qkv.narrow(1, (num_heads + num_kv_heads) * hd, num_kv_heads * hd).view({T, num_kv_heads, hd});
+    write_kv_rows(kh, vh, *k_cache, *v_cache, *slot_mapping);
+  }
+  return {qkv, residual_out};
+}
+
+// x [T, H] + residual -> (down(silu(gate) * up) [T, H], x + residual), gate|up one matmul
+// of 2I outputs (gate first). Each weight has its own bit width and level table.
+std::tuple<at::Tensor, at::Tensor> gated_mlp(
+    const at::Tensor& x, const at::Tensor& residual, const at::Tensor& norm, double eps,
+    const at::Tensor& gu_q, const at::Tensor& gu_d, const at::Tensor& gu_m, int64_t gu_bits,
+    const std::optional<at::Tensor>& gu_lut, const at::Tensor& down_q, const at::Tensor& down_d,
+    const at::Tensor& down_m, int64_t down_bits, const std::optional<at::Tensor>& down_lut,
+    bool vector) {
+  check_activations(x, residual, norm);
+  auto [h, residual_out] = add_rms_norm(x, residual, norm, eps);
+  at::Tensor gate_up = lowbit_linear(h, gu_q, gu_d, gu_m, gu_bits, vector, gu_lut);
+  TORCH_CHECK(gate_up.size(1) % 2 == 0, "fused layer: gate|up has an odd number of outputs");
+  auto halves = gate_up.chunk(2, -1);
+  at::Tensor act = at::mul(at::silu(halves[0]), halves[1]);  // as F.silu(gate) * up
+  return {lowbit_linear(act, down_q, down_d, down_m, down_bits, vector, down_lut),
+          residual_out};
+}
+
+}  // namespace
