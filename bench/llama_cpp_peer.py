@@ -384,7 +384,9 @@ TTFT and TPOT); failed and short (fewer or more output tokens than asked) are su
 runs, lucedesk / llama.cpp."""
 
 
-def docs_section(report: str, command: str, llama: dict, server_cmd: list[str]) -> str:
+def docs_section(
+    report: str, command: str, llama: dict, server_cmd: list[str], heading: str = SECTION
+) -> str:
     """The docs section: what was run, on what, when, and the table."""
     run_flags = shlex.join(server_cmd[server_cmd.index("--parallel") :])
     if "cmake_flags" in llama:
@@ -406,7 +408,7 @@ def docs_section(report: str, command: str, llama: dict, server_cmd: list[str]) 
             f"flags unknown), run as `llama-server ... {run_flags}`."
         )
     return (
-        f"{SECTION}\n\n{ABOUT}\n\n```sh\n{command}\n```\n\n{build} "
+        f"{heading}\n\n{ABOUT}\n\n```sh\n{command}\n```\n\n{build} "
         f"Measured {time.strftime('%Y-%m-%d')}.\n\n{report}\n"
     )
 
@@ -444,7 +446,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         "--set", action="append", default=[], metavar="KEY=VALUE", help="lucedesk serve --set"
     )
     parser.add_argument("--build-only", action="store_true", help="find or build, print, exit")
-    parser.add_argument("--write-docs", action="store_true", help=f"update '{SECTION}'")
+    parser.add_argument("--write-docs", action="store_true", help="update --section")
+    parser.add_argument(
+        "--section", default=SECTION, help=f"the docs heading written (default '{SECTION}')"
+    )
     return parser.parse_args(mine), passthrough
 
 
@@ -480,9 +485,9 @@ def main(argv: list[str]) -> None:
     print(report)
     if args.write_docs:
         command = shlex.join([".venv/bin/python", "bench/llama_cpp_peer.py", *argv])
-        section = docs_section(report, command, llama_info, llama_cmd)
+        section = docs_section(report, command, llama_info, llama_cmd, args.section)
         DOCS.write_text(replace_section(DOCS.read_text(), section))
-        say(f"wrote '{SECTION}' in {DOCS}")
+        say(f"wrote '{args.section}' in {DOCS}")
 
 
 if __name__ == "__main__":
