@@ -66,12 +66,13 @@ def main() -> None:
         with torch.inference_mode():
             model.compute_logits(model(ids, positions, attention))
 
-    fused = [layer.fused for layer in model.layers]
-    num_fused = sum(f is not None for f in fused)
+    fused = [(layer.fused_input, layer.fused_mlp) for layer in model.layers]
+    num_fused = sum(a is not None and b is not None for a, b in fused)
 
     def timed(with_fused: bool) -> float:
-        for layer, calls in zip(model.layers, fused):
-            layer.fused = calls if with_fused else None
+        for layer, (first, second) in zip(model.layers, fused):
+            layer.fused_input = first if with_fused else None
+            layer.fused_mlp = second if with_fused else None
         for _ in range(5):
             step()
         times = []

@@ -1,6 +1,7 @@
-"""A dense layer's halves as one C++ call each (kernels/cpu.py FusedLayerCalls,
+"""A layer's halves around attention as one C++ call each (kernels/cpu.py FusedLayerCalls,
 csrc/fused.h): bit for bit the separate calls they stand for, on random weights at 4 and 8
-bits on every path this machine has, and in an engine on a 4-bit file, token for token."""
+bits on every path this machine has (with and without a qkv bias and q/k norms), and in
+engines on a 4-bit file and on each family's tiny model, token for token."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from lucedesk.engine.models.decoder import CausalAttention
 from lucedesk.engine.models.loader import load_model
 from lucedesk.kernels.attention_torch import write_kv_torch
 from lucedesk.kernels.cpu import FusedLayerCalls, add_rms_norm_cpu, rotary_cpu
+from lucedesk.kernels.layers_torch import rms_norm
 from lucedesk.kernels.quantized import LowBitWeight
 from tests.engine_harness import make_engine, random_jobs, run_jobs
 from tests.gguf_writer import write_gguf
@@ -29,12 +31,17 @@ def weight(n: int, k: int, bits: int, seed: int, vector: bool) -> LowBitWeight:
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("tokens", [1, 7])
 @pytest.mark.parametrize("first_layer", [True, False])
-def test_fused_calls_equal_the_separate_calls(vector, bits, tokens, first_layer):
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_fused_calls_equal_the_separate_calls(vector, bits, tokens, first_layer, family):
     g = torch.Generator().manual_seed(bits * 100 + tokens)
     x = torch.randn(tokens, H, generator=g).bfloat16()
     residual = None if first_layer else torch.randn(tokens, H, generator=g).bfloat16()
     attn_norm, ffn_norm = (torch.rand(H, generator=g).bfloat16() + 0.5 for _ in range(2))
     qkv_w = weight((HEADS + 2 * KV_HEADS) * HD, H, bits, 1, vector)
+    bias = torch.randn(qkv_w.shape[0], generator=g).bfloat16() if family == "qwen2" else None
+    norms = None
+    if family == "qwen3":
+        norms = tuple(torch.rand(HD, generator=g).bfloat16() + 0.5 for _ in range(2))
     gate_up, down = weight(2 * INTER, H, bits, 2, vector), weight(H, INTER, 8, 3, vector)
     angles = torch.rand(tokens, HD, generator=g) * 6
     cos, sin = angles.cos().bfloat16(), angles.sin().bfloat16()
@@ -42,22 +49,24 @@ def test_fused_calls_equal_the_separate_calls(vector, bits, tokens, first_layer)
     slots = torch.randperm(80, generator=g)[:tokens]
     fused = FusedLayerCalls()
 
-    # norm + qkv + rotary + K/V write
+    # norm + qkv (+ bias) (+ q/k norms) + rotary + K/V write, as DecoderLayer's separate calls
     h, want_residual = add_rms_norm_cpu(x, residual, attn_norm, 1e-5)
-    want = qkv_w(h)
-    q, k, v = want.split([HEADS * HD, KV_HEADS * HD, KV_HEADS * HD], dim=-1)
-    rotary_cpu(q.view(tokens, HEADS, HD), k.view(tokens, KV_HEADS, HD), cos, sin)
+    qkv = qkv_w(h) if bias is None else qkv_w(h) + bias
+    q, k, v = qkv.split([HEADS * HD, KV_HEADS * HD, KV_HEADS * HD], dim=-1)
+    q, k, v = q.view(tokens, HEADS, HD), k.view(tokens, KV_HEADS, HD), v.view(tokens, KV_HEADS, HD)
+    if norms is not None:
+        q, k = rms_norm(q, norms[0], 1e-5), rms_norm(k, norms[1], 1e-5)
+    rotary_cpu(q, k, cos, sin)
     want_k, want_v = torch.zeros(cache_shape).bfloat16(), torch.zeros(cache_shape).bfloat16()
-    k3, v3 = k.view(tokens, KV_HEADS, HD), v.view(tokens, KV_HEADS, HD)
-    write_kv_torch(k3, v3, want_k, want_v, slots)
+    write_kv_torch(k, v, want_k, want_v, slots)
     got_k, got_v = torch.zeros(cache_shape).bfloat16(), torch.zeros(cache_shape).bfloat16()
-    got, got_residual = fused.attention_input(
-        x, residual, attn_norm, 1e-5, qkv_w, HEADS, KV_HEADS, cos, sin, (got_k, got_v, slots)
-    )
-    assert torch.equal(got, want) and torch.equal(got_residual, want_residual)
+    args = (x, residual, attn_norm, 1e-5, qkv_w, HEADS, KV_HEADS, cos, sin)
+    *got, got_residual = fused.attention_input(*args, (got_k, got_v, slots), bias, norms)
+    assert all(torch.equal(a, b) for a, b in zip(got, (q, k, v)))
+    assert torch.equal(got_residual, want_residual)
     assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
-    alone, _ = fused.attention_input(x, residual, attn_norm, 1e-5, qkv_w, HEADS, KV_HEADS, cos, sin)
-    assert torch.equal(alone, want)
+    alone = fused.attention_input(*args, None, bias, norms)
+    assert all(torch.equal(a, b) for a, b in zip(alone, (q, k, v)))
 
     # norm + gate|up + SiLU * up + down
     y = torch.randn(tokens, H, generator=g).bfloat16()
@@ -81,6 +90,9 @@ def test_fused_calls_refuse_what_they_cannot_take():
     with pytest.raises(RuntimeError, match="slot 16 out of range"):
         fused.attention_input(x, None, norm, 1e-5, w, 4, 2, table, table,
                               (cache, cache.clone(), torch.tensor([16])))  # fmt: skip
+    with pytest.raises(RuntimeError, match="q and k norms come together"):
+        fused.attention_input(x, None, norm, 1e-5, w, 4, 2, table, table, None, None,
+                              (torch.ones(HD).bfloat16(), None))  # fmt: skip
     assert not fused.accepts(w, torch.zeros(2, 2))
 
 
@@ -89,24 +101,61 @@ def four_bit_gguf(tmp_path_factory):
     return write_gguf(tmp_path_factory.mktemp("q4") / "q4.gguf", FOUR_BIT)
 
 
+def fused_layers(model) -> list[tuple[object, object]]:
+    return [(layer.fused_input, layer.fused_mlp) for layer in model.layers]
+
+
+def without_fused_calls(model) -> None:
+    for layer in model.layers:
+        layer.fused_input = layer.fused_mlp = None
+
+
 def test_an_engine_on_fused_calls_gives_the_tokens_of_separate_calls(four_bit_gguf):
     """Prompt chunks, decodes, preemption: every step through the fused calls gives the
     tokens the separate calls give; the model's forward alone gives the same hidden states."""
     loaded = load_model(four_bit_gguf, torch.bfloat16)
     jobs = random_jobs(loaded, 6, 9, prompt_range=(1, 90), output_range=(4, 30))
     engine = make_engine(loaded, kernels="cpu", weights="q4", max_slots=4, kv_pool_tokens=4096)
-    layers = loaded.model.layers
-    calls = [layer.fused for layer in layers]
-    assert all(c is not None for c in calls), "the 4-bit layers take the fused calls"
+    calls = fused_layers(loaded.model)
+    assert all(a and b for a, b in calls), "the 4-bit layers take the fused calls"
     fused_tokens = run_jobs(engine, jobs)
     ids = torch.randint(0, loaded.config.vocab_size, (19,), generator=torch.Generator())
     with torch.inference_mode():
         fused_hidden = loaded.model(ids, torch.arange(19), CausalAttention(loaded.config))
-        for layer in layers:
-            layer.fused = None
+        without_fused_calls(loaded.model)
         separate_hidden = loaded.model(ids, torch.arange(19), CausalAttention(loaded.config))
     engine = make_engine(loaded, kernels="cpu", weights="q4", max_slots=4, kv_pool_tokens=4096)
-    for layer in layers:
-        layer.fused = None
+    without_fused_calls(loaded.model)
     assert run_jobs(engine, jobs) == fused_tokens
     assert torch.equal(fused_hidden, separate_hidden)
+
+
+# Which halves each family's tiny model fuses: qkv bias (qwen2) and q/k norms (qwen3) in the
+# first; a mixture's layers keep their experts' own calls, Gemma 3's float32 norms and
+# gpt-oss's everything.
+FAMILIES = {
+    "llama": (True, True),
+    "qwen2": (True, True),
+    "qwen3": (True, True),
+    "qwen3moe": (True, None),
+    "gemma3": (False, False),
+}
+
+
+@pytest.mark.parametrize("arch", sorted(FAMILIES))
+def test_each_family_fuses_what_it_can_with_the_tokens_of_separate_calls(tiny_models, arch):
+    loaded = load_model(tiny_models[arch], torch.bfloat16)
+    jobs = random_jobs(loaded, 4, 3, prompt_range=(1, 60), output_range=(4, 16), pressure=False)
+    config = dict(kernels="cpu", weights="int8", max_slots=4, kv_pool_tokens=2048)
+    engine = make_engine(loaded, **config)
+    want_input, want_mlp = FAMILIES[arch]
+    calls = fused_layers(loaded.model)
+    assert all((a is not None) == want_input for a, _ in calls)
+    if want_mlp is None:  # dense layers fuse, mixtures do not
+        assert {b is not None for _, b in calls} == {True, False}
+    else:
+        assert all((b is not None) == want_mlp for _, b in calls)
+    fused_tokens = run_jobs(engine, jobs)
+    engine = make_engine(loaded, **config)
+    without_fused_calls(loaded.model)
+    assert run_jobs(engine, jobs) == fused_tokens

@@ -91,9 +91,9 @@ def rotary_cpu(
 
 
 class FusedLayerCalls:
-    """A dense layer's two halves around attention as one C++ call each (csrc/fused.h),
-    bit for bit the separate calls: norm + qkv + rotary (+ the K/V write), and norm +
-    gate|up + SiLU * up + down. For bfloat16 activations and low-bit weights."""
+    """A layer's two halves around attention as one C++ call each (csrc/fused.h), bit for
+    bit the separate calls: norm + qkv (+ bias) (+ q/k norms) + rotary (+ the K/V write),
+    and norm + gate|up + SiLU * up + down. For bfloat16 activations and low-bit weights."""
 
     @staticmethod
     def accepts(*weights: object) -> bool:
@@ -111,13 +111,16 @@ class FusedLayerCalls:
         cos: torch.Tensor,
         sin: torch.Tensor,
         cache: CacheRows | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [T, H] (+ residual) -> (qkv [T, (nh + 2 kvh) hd] with q and k rotated,
-        x + residual); with `cache`, k and v are written to their rows too."""
+        bias: torch.Tensor | None = None,
+        qk_norms: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [T, H] (+ residual) -> (q [T, nh, hd], k, v [T, kvh, hd], x + residual) with q
+        and k normed (`qk_norms`) and rotated; with `cache`, k and v are in their rows too."""
         k_cache, v_cache, slots = cache if cache is not None else (None, None, None)
+        q_norm, k_norm = qk_norms if qk_norms is not None else (None, None)
         return load_cpu_ops().attention_input(
             x, residual, norm, eps, qkv.q, qkv.d, qkv.m, qkv.bits, qkv.vector, qkv.lut,
-            num_heads, num_kv_heads, cos, sin, k_cache, v_cache, slots,
+            bias, q_norm, k_norm, num_heads, num_kv_heads, cos, sin, k_cache, v_cache, slots,
         )  # fmt: skip
 
     @staticmethod

@@ -139,7 +139,7 @@ class DecoderModel(nn.Module):
     def _fuse(self) -> None:
         """Each layer whose shape and weights the kernels' fused calls take runs them."""
         for layer in self.layers:
-            layer.fused = layer.fused_calls(self.kernels, self.dtype)
+            layer.use_fused(self.kernels, self.dtype)
 
     def projection_weights(self) -> list[torch.Tensor]:
         """Every dense matmul weight `quantize` would convert, the LM head last."""
@@ -222,20 +222,22 @@ class DecoderLayer(nn.Module):
         self.moe = MoEBlock(c, dtype) if c.is_moe_layer(index) else None
         self.mlp = None if self.moe is not None else DenseMLP(c, dtype)
         self.quantized: dict[str, Projection] = {}
-        self.fused: Any = None  # the kernels' FusedLayerCalls where they take this layer
+        # The kernels' fused calls for each half around attention, where they take it.
+        self.fused_input: Any = None
+        self.fused_mlp: Any = None
 
-    def fused_calls(self, kernels: Kernels, dtype: torch.dtype) -> Any:
-        """The kernels' fused calls if they take this layer: a dense gated SiLU MLP, no
-        biases, q/k norms or sandwich norms, norms in the activations' dtype, and weights in
-        the form the calls multiply."""
+    def use_fused(self, kernels: Kernels, dtype: torch.dtype) -> None:
+        """Takes the kernels' fused calls for each half they take: bfloat16, norms in that
+        dtype, weights in the form the calls multiply, and for the MLP a dense SiLU gate."""
         c, fused = self.c, kernels.fused
-        plain = not (c.attention_bias or c.qk_norm or c.sandwich_norms or c.float32_norms)
-        if fused is None or not plain or self.mlp is None or c.hidden_act != "silu":
-            return None
-        if dtype != torch.bfloat16:
-            return None
-        names = ("qkv_proj", "gate_up_proj", "down_proj")
-        return fused if fused.accepts(*(self.quantized.get(n) for n in names)) else None
+        self.fused_input = self.fused_mlp = None
+        if fused is None or dtype != torch.bfloat16 or c.float32_norms:
+            return
+        if fused.accepts(self.quantized.get("qkv_proj")):
+            self.fused_input = fused
+        dense = self.mlp is not None and c.hidden_act == "silu"
+        if dense and fused.accepts(*(self.quantized.get(n) for n in ("gate_up_proj", "down_proj"))):
+            self.fused_mlp = fused
 
     def projections(self) -> dict[str, nn.Parameter]:
         """The dense matmul weights of this layer (the MLP's when it is not a mixture)."""
@@ -261,38 +263,41 @@ class DecoderLayer(nn.Module):
         attention: Attention,
         kernels: Kernels,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.fused is not None:
-            return self._forward_fused(x, residual, cos, sin, attention)
         c = self.c
         eps = c.rms_norm_eps
         # x: [T, H]; the residual stream is carried separately so each norm reads x + residual.
-        h, residual = add_rms_norm(kernels, x, residual, self.attn_norm, eps)
-
-        qkv = self.project("qkv_proj", h, self.qkv_bias)  # [T, q + 2kv]
-        T = qkv.shape[0]
-        q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
-        q = q.view(T, c.num_heads, c.head_dim)
-        k = k.view(T, c.num_kv_heads, c.head_dim)
-        v = v.view(T, c.num_kv_heads, c.head_dim)
-        if c.qk_norm:
-            q = rms_norm(q, self.q_norm, eps)
-            k = rms_norm(k, self.k_norm, eps)
-        q, k = kernels.rotary(q, k, cos, sin)  # cos/sin: [T, hd]
-        o = attention(self.index, q, k, v, self.window, self.sinks)  # [T, nh, hd]
-        x = self.project("o_proj", o.reshape(T, c.q_size), self.o_bias)
+        if self.fused_input is not None:
+            o, residual = self._fused_attention(x, residual, cos, sin, attention)
+        else:
+            h, residual = add_rms_norm(kernels, x, residual, self.attn_norm, eps)
+            qkv = self.project("qkv_proj", h, self.qkv_bias)  # [T, q + 2kv]
+            T = qkv.shape[0]
+            q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+            q = q.view(T, c.num_heads, c.head_dim)
+            k = k.view(T, c.num_kv_heads, c.head_dim)
+            v = v.view(T, c.num_kv_heads, c.head_dim)
+            if c.qk_norm:
+                q = rms_norm(q, self.q_norm, eps)
+                k = rms_norm(k, self.k_norm, eps)
+            q, k = kernels.rotary(q, k, cos, sin)  # cos/sin: [T, hd]
+            o = attention(self.index, q, k, v, self.window, self.sinks)  # [T, nh, hd]
+        x = self.project("o_proj", o.reshape(o.shape[0], c.q_size), self.o_bias)
         if c.sandwich_norms:
             x = rms_norm(x, self.attn_out_norm, eps)
 
-        h, residual = add_rms_norm(kernels, x, residual, self.ffn_norm, eps)
-        if self.moe is not None:
-            x = self.moe(h, kernels)
+        if self.fused_mlp is not None:
+            x, residual = self.fused_mlp.gated_mlp(
+                x, residual, self.ffn_norm, eps,
+                self.quantized["gate_up_proj"], self.quantized["down_proj"],
+            )  # fmt: skip
         else:
-            x = self.mlp(h, self.project)
+            h, residual = add_rms_norm(kernels, x, residual, self.ffn_norm, eps)
+            x = self.moe(h, kernels) if self.moe is not None else self.mlp(h, self.project)
         if c.sandwich_norms:
             x = rms_norm(x, self.ffn_out_norm, eps)
         return x, residual
 
-    def _forward_fused(
+    def _fused_attention(
         self,
         x: torch.Tensor,
         residual: torch.Tensor | None,
@@ -300,26 +305,18 @@ class DecoderLayer(nn.Module):
         sin: torch.Tensor,
         attention: Attention,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`forward` in four calls: norm + qkv + rotary (+ the K/V write), attention, o, and
-        norm + MLP; the same arithmetic as the separate calls."""
-        c, fused, eps = self.c, self.fused, self.c.rms_norm_eps
+        """Norm, qkv, q/k norms, rotary and the K/V write in one call, then attention: the
+        arithmetic of the separate calls. -> (o [T, nh, hd], x + residual)."""
+        c = self.c
         cache = attention.cache_rows(self.index, x.dtype)
-        qkv, residual = fused.attention_input(
-            x, residual, self.attn_norm, eps, self.quantized["qkv_proj"],
-            c.num_heads, c.num_kv_heads, cos, sin, cache,
+        q, k, v, residual = self.fused_input.attention_input(
+            x, residual, self.attn_norm, c.rms_norm_eps, self.quantized["qkv_proj"],
+            c.num_heads, c.num_kv_heads, cos, sin, cache, self.qkv_bias,
+            (self.q_norm, self.k_norm) if c.qk_norm else None,
         )  # fmt: skip
-        T = qkv.shape[0]  # qkv: [T, q + 2kv]
-        q = qkv[:, : c.q_size].view(T, c.num_heads, c.head_dim)
         if cache is not None:
-            o = attention.attend(self.index, q, self.window, self.sinks)
-        else:
-            k, v = qkv[:, c.q_size :].view(T, 2 * c.num_kv_heads, c.head_dim).chunk(2, dim=1)
-            o = attention(self.index, q, k, v, self.window, self.sinks)
-        x = self.project("o_proj", o.reshape(T, c.q_size), self.o_bias)
-        return fused.gated_mlp(
-            x, residual, self.ffn_norm, eps,
-            self.quantized["gate_up_proj"], self.quantized["down_proj"],
-        )  # fmt: skip
+            return attention.attend(self.index, q, self.window, self.sinks), residual
+        return attention(self.index, q, k, v, self.window, self.sinks), residual
 
 
 def norm_dtype(c: ModelConfig, dtype: torch.dtype) -> torch.dtype:

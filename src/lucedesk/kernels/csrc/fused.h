@@ -38,6 +38,7 @@ void write_kv_rows(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache
   TORCH_CHECK(slots.dim() == 1 && slots.size(0) == T && slots.scalar_type() == at::kLong &&
                   slots.is_contiguous(),
               "fused layer: slot_mapping must be contiguous int64 [T]");
+  TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1, "fused layer: k and v rows must be dense");
   const int64_t rows = k_cache.size(1) * k_cache.size(2);
   const int64_t* sp = slots.data_ptr<int64_t>();
   auto* kc = k_cache.data_ptr<c10::BFloat16>();
@@ -54,18 +55,30 @@ void write_kv_rows(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache
   }
 }
 
-// x [T, H] (+ residual) -> (qkv [T, (nh + 2 kvh) hd] with q and k rotated, x + residual):
-// add_rms_norm, the qkv matmul, rotary on q and k; with caches, k and v are also written
-// to their slots.
-std::tuple<at::Tensor, at::Tensor> attention_input(
+// layers_torch.rms_norm for bfloat16 activations, in the same ATen ops (q/k norms).
+at::Tensor rms_norm_as_torch(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  at::Tensor xf = x.to(at::kFloat);
+  xf = xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps);
+  if (weight.scalar_type() == at::kFloat) return (xf * weight).to(x.scalar_type());
+  return weight * xf.to(x.scalar_type());
+}
+
+// x [T, H] (+ residual) -> (q [T, nh, hd], k and v [T, kvh, hd], x + residual):
+// add_rms_norm, the qkv matmul (+ bias), q/k norms where given, rotary on q and k; with
+// caches, k and v are also written to their slots. q, k and v may be views into one
+// [T, (nh + 2 kvh) hd] tensor.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_input(
     const at::Tensor& x, const std::optional<at::Tensor>& residual, const at::Tensor& norm,
     double eps, const at::Tensor& q, const at::Tensor& d, const at::Tensor& m, int64_t bits,
-    bool vector, const std::optional<at::Tensor>& lut, int64_t num_heads, int64_t num_kv_heads,
-    const at::Tensor& cos, const at::Tensor& sin, std::optional<at::Tensor> k_cache,
-    std::optional<at::Tensor> v_cache, const std::optional<at::Tensor>& slot_mapping) {
+    bool vector, const std::optional<at::Tensor>& lut, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& q_norm, const std::optional<at::Tensor>& k_norm,
+    int64_t num_heads, int64_t num_kv_heads, const at::Tensor& cos, const at::Tensor& sin,
+    std::optional<at::Tensor> k_cache, std::optional<at::Tensor> v_cache,
+    const std::optional<at::Tensor>& slot_mapping) {
   check_activations(x, residual, norm);
   auto [h, residual_out] = add_rms_norm(x, residual, norm, eps);
   at::Tensor qkv = lowbit_linear(h, q, d, m, bits, vector, lut);
+  if (bias.has_value()) qkv = at::add(qkv, *bias);  // as y + bias
   const int64_t T = x.size(0), hd = qkv.size(1) / (num_heads + 2 * num_kv_heads);
   TORCH_CHECK(hd * (num_heads + 2 * num_kv_heads) == qkv.size(1) && hd % 2 == 0,
               "fused layer: the qkv weight's outputs are not (heads + 2 kv heads) x head_dim");
@@ -73,18 +86,21 @@ std::tuple<at::Tensor, at::Tensor> attention_input(
                   cos.size(1) == hd && cos.is_contiguous() && sin.is_contiguous() &&
                   cos.scalar_type() == at::kBFloat16 && sin.scalar_type() == at::kBFloat16,
               "fused layer: cos/sin must be contiguous bfloat16 [T, head_dim]");
+  TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "fused layer: q and k norms come together");
   at::Tensor qh = qkv.narrow(1, 0, num_heads * hd).view({T, num_heads, hd});
   at::Tensor kh = qkv.narrow(1, num_heads * hd, num_kv_heads * hd).view({T, num_kv_heads, hd});
+  at::Tensor vh =
+      qkv.narrow(1, (num_heads + num_kv_heads) * hd, num_kv_heads * hd).view({T, num_kv_heads, hd});
+  if (q_norm.has_value()) {
+    qh = rms_norm_as_torch(qh, *q_norm, eps);
+    kh = rms_norm_as_torch(kh, *k_norm, eps);
+  }
   rotary_(qh, kh, cos, sin);
   TORCH_CHECK(k_cache.has_value() == v_cache.has_value() &&
                   k_cache.has_value() == slot_mapping.has_value(),
               "fused layer: k_cache, v_cache and slot_mapping come together");
-  if (k_cache.has_value()) {
-    at::Tensor vh =
-        qkv.narrow(1, (num_heads + num_kv_heads) * hd, num_kv_heads * hd).view({T, num_kv_heads, hd});
-    write_kv_rows(kh, vh, *k_cache, *v_cache, *slot_mapping);
-  }
-  return {qkv, residual_out};
+  if (k_cache.has_value()) write_kv_rows(kh, vh, *k_cache, *v_cache, *slot_mapping);
+  return {qh, kh, vh, residual_out};
 }
 
 // x [T, H] + residual -> (down(silu(gate) * up) [T, H], x + residual), gate|up one matmul

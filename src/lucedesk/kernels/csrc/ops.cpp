@@ -41,9 +41,10 @@ TORCH_LIBRARY(lucedesk_cpu, m) {
         &rotary_);
   m.def(
       "attention_input(Tensor x, Tensor? residual, Tensor norm, float eps, Tensor q, Tensor d, "
-      "Tensor m, int bits, bool vector, Tensor? lut, int num_heads, int num_kv_heads, "
-      "Tensor cos, Tensor sin, Tensor(a!)? k_cache, Tensor(b!)? v_cache, "
-      "Tensor? slot_mapping) -> (Tensor, Tensor)",
+      "Tensor m, int bits, bool vector, Tensor? lut, Tensor? bias, Tensor? q_norm, "
+      "Tensor? k_norm, int num_heads, int num_kv_heads, Tensor cos, Tensor sin, "
+      "Tensor(a!)? k_cache, Tensor(b!)? v_cache, Tensor? slot_mapping) "
+      "-> (Tensor, Tensor, Tensor, Tensor)",
       &attention_input);
   m.def(
       "gated_mlp(Tensor x, Tensor residual, Tensor norm, float eps, Tensor gu_q, Tensor gu_d, "
