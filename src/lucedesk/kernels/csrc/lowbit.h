@@ -111,7 +111,7 @@ inline __m512 load16(const c10::Half* s) {
 }
 
 // Rows is a compile-time count so that each row's sums stay in registers.
-template <int Bits, int Rows, typename S>
+template <int Bits, int Rows, typename S, int Parts = Rows == 1 ? 4 : Rows <= 4 ? 2 : 1>
 void block_rows_vnni(const uint8_t* q, const S* d, const S* m, int64_t chunks,
                      const RowsQ8& x, int64_t row0, int64_t K, float* out, const uint8_t* lut) {
   constexpr int64_t kChunk = 512 * Bits / 8;
@@ -127,6 +127,14 @@ void block_rows_vnni(const uint8_t* q, const S* d, const S* m, int64_t chunks,
   for (int r = 0; r < Rows; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t c = 0; c < chunks; ++c) {
     const uint8_t* chunk = q + c * kChunk;
+    // Sixteen groups ahead (into the next block of channels near the end of this one, which
+    // is where a thread goes next): a decode reads each weight once, from memory, and a
+    // short matmul ends before the hardware's prefetcher gets going. A prefetch past the
+    // end of the weights is only a hint: it does not fault.
+    for (int64_t t = 0; t < kChunk; t += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(chunk + 16 * kChunk + t), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(d + (c + 16) * 16), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(m + (c + 16) * 16), _MM_HINT_T0);
     __m512i w[8];
     if constexpr (Bits == 8) {
       for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(chunk + 64 * j);
@@ -139,14 +147,23 @@ void block_rows_vnni(const uint8_t* q, const S* d, const S* m, int64_t chunks,
       if (lut)
         for (int j = 0; j < 8; ++j) w[j] = _mm512_shuffle_epi8(table, w[j]);
     }
-    __m512i isum[Rows];
-    for (int r = 0; r < Rows; ++r) isum[r] = _mm512_setzero_si512();
+    // A row's eight quads go to `Parts` independent sums, added at the end: integer sums,
+    // so the same value in any order, and with few rows the vpdpbusd chain no longer waits
+    // on its own latency (one row's eight in a row took ~40 cycles a group).
+    __m512i part[Rows][Parts], isum[Rows];
+    for (int r = 0; r < Rows; ++r)
+      for (int p = 0; p < Parts; ++p) part[r][p] = _mm512_setzero_si512();
     for (int j = 0; j < 8; ++j) {
       for (int r = 0; r < Rows; ++r) {
         int32_t quad;
         std::memcpy(&quad, xq + r * K + 32 * c + 4 * j, 4);
-        isum[r] = _mm512_dpbusd_epi32(isum[r], w[j], _mm512_set1_epi32(quad));
+        part[r][j % Parts] =
+            _mm512_dpbusd_epi32(part[r][j % Parts], w[j], _mm512_set1_epi32(quad));
       }
+    }
+    for (int r = 0; r < Rows; ++r) {
+      isum[r] = part[r][0];
+      for (int p = 1; p < Parts; ++p) isum[r] = _mm512_add_epi32(isum[r], part[r][p]);
     }
     const __m512 dw = load16(d + c * 16), mw = load16(m + c * 16);
     for (int r = 0; r < Rows; ++r) {
