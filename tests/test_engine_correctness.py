@@ -175,10 +175,11 @@ def test_triton_attention_batched_equals_alone(tiny_models, arch):
 BF16_LOGPROB_TOL = 0.15
 
 
-def test_r9700_profile_bf16_triton_batched_matches_alone(tiny_llama):
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
+def test_r9700_profile_bf16_triton_batched_matches_alone(tiny_llama, kv_dtype):
     """The settings the R9700 runs (Triton kernels, bf16, its block size, budget and chunk
     sizes), on the CPU in Triton's interpreter with a tiny model and a pool shrunk to force
-    preemption: batched equals alone within bf16's tolerance."""
+    preemption: batched equals alone within bf16's tolerance, with either KV format."""
     import dataclasses
 
     from lucedesk.engine.build import assemble
@@ -191,7 +192,9 @@ def test_r9700_profile_bf16_triton_batched_matches_alone(tiny_llama):
         loaded, 4, seed=7, prompt_range=(20, 40), output_range=(24, 32), pressure=False
     )
     jobs = [Job(j.prompt, dataclasses.replace(j.params, logprobs=2), arrival_step=0) for j in jobs]
-    small = dataclasses.replace(r9700, device="cpu", kv_pool_tokens=6 * 16, max_model_len=1024)
+    small = dataclasses.replace(
+        r9700, device="cpu", kv_pool_tokens=6 * 16, max_model_len=1024, kv_dtype=kv_dtype
+    )
     engine = assemble(loaded, small, torch.device("cpu")).engine
     assert engine.seq_engine.kernels.name == "triton" and loaded.model.dtype == torch.bfloat16
     batched = run_jobs_whole(engine, jobs)

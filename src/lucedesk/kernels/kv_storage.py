@@ -79,13 +79,6 @@ class LayerKV:
         return self.k_scale is not None
 
 
-def bytes_per_element(kv_dtype: str, dtype: torch.dtype, head_dim: int) -> float:
-    """Bytes one K or V value takes in the cache, its share of the row's scale included."""
-    if kv_dtype == "int8":
-        return 1 + 4 / head_dim
-    return dtype.itemsize
-
-
 def check_scales(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
