@@ -46,17 +46,19 @@ class PagedAttention:
     def cache_rows(
         self, layer_idx: int, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """The layer's caches and this step's rows in them, when they hold `dtype` as is."""
-        k_cache = self.k_caches[layer_idx]
-        if k_cache.dtype != dtype:
+        """The layer's caches and this step's rows in them, when they hold `dtype` as is
+        (an 8-bit cache quantizes what it is handed)."""
+        kv = self.caches[layer_idx]
+        if kv.k_scale is not None or kv.k.dtype != dtype:
             return None
-        return k_cache, self.v_caches[layer_idx], self.meta.slot_mapping
+        return kv.k, kv.v, self.meta.slot_mapping
 
     def attend(
         self, layer_idx: int, q: torch.Tensor, window: int = 0, sinks: torch.Tensor | None = None
     ) -> torch.Tensor:
-        k_cache, v_cache = self.k_caches[layer_idx], self.v_caches[layer_idx]
-        return self.kernels.attention(q, k_cache, v_cache, self.meta, self.scale, window, sinks)
+        kv = self.caches[layer_idx]
+        scales = {"k_scale": kv.k_scale, "v_scale": kv.v_scale}
+        return self.kernels.attention(q, kv.k, kv.v, self.meta, self.scale, window, sinks, **scales)
 
 
 class TorchSeqEngine:
