@@ -59,7 +59,7 @@ def main() -> None:
     meta = AttentionMetadata.build(
         [1], [args.context + 1], [list(range(blocks))], runner.block_size, 1
     )
-    attention = PagedAttention(runner.kernels, runner.k_caches, runner.v_caches, meta, runner.scale)
+    attention = PagedAttention(runner.kernels, runner.caches, meta, runner.scale)
     ids, positions = torch.tensor([42]), torch.tensor([args.context])
 
     def step() -> None:

@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from lucedesk.kernels.attention_torch import paged_attention_torch, write_kv_torch
-from lucedesk.kernels.attention_triton import paged_attention, write_kv
+from lucedesk.kernels.attention_triton import paged_attention
+from lucedesk.kernels.kv_write_triton import write_kv
 from lucedesk.kernels.layers_torch import add_rms_norm_torch, rotary_torch
 from lucedesk.kernels.layers_triton import add_rms_norm_triton, rotary_triton
 from lucedesk.kernels.metadata import AttentionMetadata

@@ -195,3 +195,14 @@ def naive_attention(q, k_cache, v_cache, meta, scale, window=0, sinks=None) -> t
                 out[row, h] = p @ v
             row += 1
     return out
+
+
+def int8_caches(k_cache, v_cache):
+    """The caches at 8 bits as the KV write stores them (int8 levels, float32 scales per
+    token and KV head), and float32 copies of the values they hold: what an int8 kernel
+    reads, and what its reference must see."""
+    from lucedesk.kernels.kv_storage import dequantize, quantize_rows
+
+    (kq, ks), (vq, vs) = quantize_rows(k_cache), quantize_rows(v_cache)
+    held = (dequantize(kq, ks, torch.float32), dequantize(vq, vs, torch.float32))
+    return (kq, vq, ks, vs), held

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lucedesk.kernels.attention_torch import paged_attention_torch
+from lucedesk.kernels.attention_torch import paged_attention_torch, write_kv_torch
 from lucedesk.kernels.cpu import add_rms_norm_cpu, paged_attention_cpu, rotary_cpu
 from lucedesk.kernels.layers_torch import add_rms_norm_torch, rotary_torch
 from lucedesk.kernels.quantized import Int8Weight
@@ -21,6 +21,7 @@ from tests.kernel_cases import (
     ROTARY_CASES,
     TOL,
     WINDOW_CASES,
+    int8_caches,
     layer_inputs,
     make_batch,
     multi_query_case,
@@ -124,6 +125,99 @@ def test_multi_query_decodes_equal_one_query_per_position_bit_for_bit(case):
         paged_attention_torch(q, k_cache, v_cache, meta, scale, window, sink),
         paged_attention_torch(q, k_cache, v_cache, apart_meta, scale, window, sink),
     )
+
+
+INT8_CASES = [(*c, 0, False) for c in CASES[::2]] + [(*c[:5], c[5], c[6]) for c in WINDOW_CASES]
+
+
+@pytest.mark.parametrize("ratio,head_dim,dtype,block_size,seqs,window,sinks", INT8_CASES)
+def test_int8_cache_attention_matches_reference(
+    ratio, head_dim, dtype, block_size, seqs, window, sinks
+):
+    """Over an 8-bit cache (levels and scales read as stored), the result is the reference's
+    over the values the cache holds, within the dtype's tolerance; the torch reference on
+    the int8 cache is itself that computation (exactly, in fp32)."""
+    q, k_cache, v_cache, meta, scale, window, sink = window_case(
+        ratio, head_dim, dtype, block_size, seqs, window, sinks
+    )
+    (kq, vq, ks, vs), (k_held, v_held) = int8_caches(k_cache, v_cache)
+    got = paged_attention_cpu(q, kq, vq, meta, scale, window, sink, k_scale=ks, v_scale=vs)
+    want = paged_attention_torch(q.float(), k_held, v_held, meta, scale, window, sink)
+    torch.testing.assert_close(got.float(), want, atol=TOL[dtype], rtol=TOL[dtype])
+    reference = paged_attention_torch(
+        q.float(), kq, vq, meta, scale, window, sink, k_scale=ks, v_scale=vs
+    )
+    assert torch.equal(reference, want)
+
+
+@pytest.mark.parametrize("case", MULTI_QUERY_CASES)
+def test_int8_multi_query_decodes_match_reference_and_one_query_per_position(case):
+    q, k_cache, v_cache, meta, scale, window, sink = multi_query_case(*case)
+    (kq, vq, ks, vs), (k_held, v_held) = int8_caches(k_cache, v_cache)
+    scales = {"k_scale": ks, "v_scale": vs}
+    together = paged_attention_cpu(q, kq, vq, meta, scale, window, sink, **scales)
+    want = paged_attention_torch(q.float(), k_held, v_held, meta, scale, window, sink)
+    tol = TOL[q.dtype]
+    torch.testing.assert_close(together.float(), want, atol=tol, rtol=tol)
+    apart_meta = one_query_per_position(meta, k_cache.shape[2])
+    apart = paged_attention_cpu(q, kq, vq, apart_meta, scale, window, sink, **scales)
+    assert torch.equal(together, apart)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_int8_kv_write_round_trips_within_half_a_level(dtype):
+    """Each written row comes back within max|row| / 254 per element, and a row's bytes are
+    the same whether its token is written alone or among others."""
+    g = torch.Generator().manual_seed(5)
+    kvh, num_blocks, block_size, hd, tokens = 3, 12, 16, 64, 40
+    k = torch.randn(tokens, kvh, hd, generator=g) * torch.rand(tokens, kvh, 1, generator=g) * 8
+    v = torch.randn(tokens, kvh, hd, generator=g)
+    k[3] = 0  # an all-zero row: scale 0, values 0
+    k, v = k.to(dtype), v.to(dtype)
+    slots = torch.randperm(num_blocks * block_size, generator=g)[:tokens]
+    shape = (kvh, num_blocks, block_size, hd)
+
+    def fresh():
+        return [torch.zeros(shape, dtype=torch.int8) for _ in range(2)] + [
+            torch.zeros(shape[:3]) for _ in range(2)
+        ]
+
+    kq, vq, ks, vs = fresh()
+    write_kv_torch(k, v, kq, vq, slots, k_scale=ks, v_scale=vs)
+    for new, levels, scales in ((k, kq, ks), (v, vq, vs)):
+        flat_levels = levels.view(kvh, -1, hd)[:, slots].transpose(0, 1)  # [T, kvh, hd]
+        flat_scales = scales.view(kvh, -1)[:, slots].t()  # [T, kvh]
+        back = flat_levels.float() * flat_scales[..., None]
+        bound = new.float().abs().amax(-1, keepdim=True) / 254
+        # half a level, and the float rounding of x / s and of level * s
+        assert ((back - new.float()).abs() <= bound * (1 + 1e-4)).all()
+    assert (kq.view(kvh, -1, hd)[:, slots[3]] == 0).all() and (
+        ks.view(kvh, -1)[:, slots[3]] == 0
+    ).all()
+    one_by_one = fresh()
+    for t in range(tokens):
+        write_kv_torch(
+            k[t : t + 1],
+            v[t : t + 1],
+            one_by_one[0],
+            one_by_one[1],
+            slots[t : t + 1],
+            k_scale=one_by_one[2],
+            v_scale=one_by_one[3],
+        )
+    assert all(torch.equal(a, b) for a, b in zip((kq, vq, ks, vs), one_by_one))
+
+
+def test_int8_caches_need_their_scales():
+    k_cache, v_cache, meta = make_batch(1, 16, [(3, 1)], 2, 64, torch.float32)
+    (kq, vq, ks, vs), _ = int8_caches(k_cache, v_cache)
+    q = torch.randn(1, 4, 64)
+    with pytest.raises(ValueError, match="k_scale and v_scale"):
+        paged_attention_cpu(q, kq, vq, meta, 0.1)
+    with pytest.raises(ValueError, match="k_scale and v_scale"):
+        paged_attention_torch(q, k_cache, v_cache, meta, 0.1, k_scale=ks, v_scale=vs)
+    with pytest.raises(ValueError, match="k_scale must be contiguous float32"):
+        paged_attention_cpu(q, kq, vq, meta, 0.1, k_scale=ks.double(), v_scale=vs)
 
 
 @pytest.mark.parametrize("rows,hidden,dtype", LAYER_CASES)

@@ -1,6 +1,7 @@
 """Batching changes no output: every request's tokens equal those of running it alone (fp32,
 CPU), with requests arriving at different steps, three slots, a small budget, small chunks and
-a KV pool small enough to force preemption and recomputation."""
+a KV pool small enough to force preemption and recomputation; with the K/V cache in the model
+dtype and at 8 bits (a stored row depends only on its own token, so this holds there too)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tests.engine_harness import make_engine, random_jobs, run_alone, run_jobs
 # The C++ kernels need a C++ compiler (g++ or clang++), as the README says: without one
 # these tests fail rather than skip, so a run never passes without testing them.
 KERNELS = ["torch", "cpu"]
+KV_DTYPES = ["dtype", "int8"]
 
 TIGHT = dict(
     max_slots=3,
@@ -36,8 +38,8 @@ def check_batched_equals_alone(loaded, jobs, kernels="torch", weights="dtype", *
     assert engine.seq_engine.kernels.name == kernels
     batched = run_jobs(engine, jobs)
     assert engine.scheduler.num_preemptions > 0, "the pool was meant to force preemption"
-    lookup = {k: v for k, v in config.items() if k.startswith("prompt_lookup")}
-    alone = run_alone(loaded, jobs, kernels, weights, **lookup)
+    same = {k: v for k, v in config.items() if k.startswith("prompt_lookup") or k == "kv_dtype"}
+    alone = run_alone(loaded, jobs, kernels, weights, **same)
     for i, (got, want) in enumerate(zip(batched, alone)):
         assert got == want, f"request {i} (prompt {len(jobs[i].prompt)} tokens) differs"
         assert len(got) == jobs[i].params.max_tokens
@@ -45,20 +47,23 @@ def check_batched_equals_alone(loaded, jobs, kernels="torch", weights="dtype", *
     return engine
 
 
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
 @pytest.mark.parametrize("kernels", KERNELS)
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_greedy_batched_equals_alone_tiny(tiny_models, arch, seed, kernels):
+def test_greedy_batched_equals_alone_tiny(tiny_models, arch, seed, kernels, kv_dtype):
     loaded = load_model(tiny_models[arch], torch.float32)
-    check_batched_equals_alone(loaded, random_jobs(loaded, 14, seed), kernels, **TIGHT)
+    jobs = random_jobs(loaded, 14, seed)
+    check_batched_equals_alone(loaded, jobs, kernels, kv_dtype=kv_dtype, **TIGHT)
 
 
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
 @pytest.mark.parametrize("kernels", KERNELS)
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_seeded_sampling_batched_equals_alone_tiny(tiny_models, arch, kernels):
+def test_seeded_sampling_batched_equals_alone_tiny(tiny_models, arch, kernels, kv_dtype):
     loaded = load_model(tiny_models[arch], torch.float32)
     jobs = random_jobs(loaded, 14, 0, sampled=True)
-    check_batched_equals_alone(loaded, jobs, kernels, **TIGHT)
+    check_batched_equals_alone(loaded, jobs, kernels, kv_dtype=kv_dtype, **TIGHT)
 
 
 @pytest.mark.parametrize("prefix_cache", [True, False])
@@ -79,7 +84,8 @@ def test_seeded_sampling_batched_equals_alone_with_cache_and_drafts(
         )
         for job in random_jobs(loaded, 14, 2, sampled=True)
     ]
-    config = dict(TIGHT, prefix_cache=prefix_cache, prompt_lookup=prompt_lookup)
+    # The 8-bit cache here: prefix hits and drafts read rows written by other requests' steps.
+    config = dict(TIGHT, prefix_cache=prefix_cache, prompt_lookup=prompt_lookup, kv_dtype="int8")
     engine = check_batched_equals_alone(loaded, jobs, "cpu", **config)
     scheduler = engine.scheduler
     if prompt_lookup:
@@ -93,6 +99,41 @@ def test_greedy_batched_equals_alone_default_model(default_model, kernels):
     loaded = load_model(default_model, torch.float32)
     jobs = random_jobs(loaded, 12, 3)
     check_batched_equals_alone(loaded, jobs, kernels, **TIGHT)
+
+
+# Batched against alone with the 8-bit cache on the default model: fp32 matmuls over other
+# rows of a batch round a token's K/V differently in the last bit (below 1e-6 in a logprob
+# with model-dtype K/V), and at 8 bits such a difference can move a value across a rounding
+# boundary, thirty layers deep. So here, as in bf16, tokens agree up to a close second: every
+# logprob within the stated tolerance's p99 (tests/test_kv_int8.py) up to any parting, and
+# there the two candidates within it too. Exact on the tiny models above.
+KV8_LOGPROB_TOL = 0.3
+
+
+@pytest.mark.default_model
+def test_int8_kv_batched_matches_alone_default_model(default_model):
+    from tests.engine_harness import Job, run_jobs_whole
+
+    loaded = load_model(default_model, torch.float32)
+    jobs = [
+        Job(j.prompt, replace(j.params, logprobs=2), j.arrival_step)
+        for j in random_jobs(loaded, 8, 3)
+    ]
+    largest = max(len(j.prompt) + j.params.max_tokens for j in jobs)
+    config = dict(TIGHT, kernels="cpu", kv_dtype="int8")
+    config["kv_pool_tokens"] = blocks_for(largest, 16) * 16
+    engine = make_engine(loaded, **config)
+    batched = run_jobs_whole(engine, jobs)
+    assert engine.scheduler.num_preemptions > 0
+    alone = [
+        run_jobs_whole(
+            make_engine(loaded, **dict(config, max_slots=1, kv_pool_tokens=4096)),
+            [Job(job.prompt, job.params)],
+            check=False,
+        )[0]
+        for job in jobs
+    ]
+    assert matching_up_to_close_seconds(batched, alone, KV8_LOGPROB_TOL) >= len(jobs) // 2
 
 
 @pytest.mark.default_model
@@ -134,10 +175,11 @@ def test_triton_attention_batched_equals_alone(tiny_models, arch):
 BF16_LOGPROB_TOL = 0.15
 
 
-def test_r9700_profile_bf16_triton_batched_matches_alone(tiny_llama):
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
+def test_r9700_profile_bf16_triton_batched_matches_alone(tiny_llama, kv_dtype):
     """The settings the R9700 runs (Triton kernels, bf16, its block size, budget and chunk
     sizes), on the CPU in Triton's interpreter with a tiny model and a pool shrunk to force
-    preemption: batched equals alone within bf16's tolerance."""
+    preemption: batched equals alone within bf16's tolerance, with either KV format."""
     import dataclasses
 
     from lucedesk.engine.build import assemble
@@ -150,30 +192,42 @@ def test_r9700_profile_bf16_triton_batched_matches_alone(tiny_llama):
         loaded, 4, seed=7, prompt_range=(20, 40), output_range=(24, 32), pressure=False
     )
     jobs = [Job(j.prompt, dataclasses.replace(j.params, logprobs=2), arrival_step=0) for j in jobs]
-    small = dataclasses.replace(r9700, device="cpu", kv_pool_tokens=6 * 16, max_model_len=1024)
+    small = dataclasses.replace(
+        r9700, device="cpu", kv_pool_tokens=6 * 16, max_model_len=1024, kv_dtype=kv_dtype
+    )
     engine = assemble(loaded, small, torch.device("cpu")).engine
     assert engine.seq_engine.kernels.name == "triton" and loaded.model.dtype == torch.bfloat16
     batched = run_jobs_whole(engine, jobs)
     assert engine.scheduler.num_preemptions > 0
     roomy = dataclasses.replace(small, kv_pool_tokens=4096, max_slots=1)
-    same = 0
-    for job, got in zip(jobs, batched):
-        alone = run_jobs_whole(
+    alone = [
+        run_jobs_whole(
             assemble(loaded, roomy, torch.device("cpu")).engine,
             [Job(job.prompt, job.params)],
             check=False,
         )[0]
-        assert len(got.token_ids) == len(alone.token_ids) == job.params.max_tokens
+        for job in jobs
+    ]
+    assert matching_up_to_close_seconds(batched, alone, BF16_LOGPROB_TOL) >= 2
+
+
+def matching_up_to_close_seconds(batched, alone, tol: float) -> int:
+    """Each batched completion against the same request alone: every token's logprob within
+    `tol` up to the first parting, and there the alone run's top two within `tol`. Returns
+    how many did not part at all."""
+    same = 0
+    for got, want in zip(batched, alone):
+        assert len(got.token_ids) == len(want.token_ids)
         common = next(
-            (i for i, (a, b) in enumerate(zip(got.token_ids, alone.token_ids)) if a != b),
+            (i for i, (a, b) in enumerate(zip(got.token_ids, want.token_ids)) if a != b),
             len(got.token_ids),
         )
         same += common == len(got.token_ids)
-        for a, b in zip(got.logprobs[:common], alone.logprobs[:common]):
-            assert abs(a.logprob - b.logprob) <= BF16_LOGPROB_TOL
+        for a, b in zip(got.logprobs[:common], want.logprobs[:common]):
+            assert abs(a.logprob - b.logprob) <= tol
         if common < len(got.token_ids):
-            top = dict(alone.logprobs[common].top)
+            top = dict(want.logprobs[common].top)
             parted = got.token_ids[common]
             assert parted in top, "parted on a token that was not a close second"
-            assert top[alone.token_ids[common]] - top[parted] <= BF16_LOGPROB_TOL
-    assert same >= 2, "most requests should not part at all"
+            assert top[want.token_ids[common]] - top[parted] <= tol
+    return same

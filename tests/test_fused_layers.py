@@ -142,11 +142,18 @@ FAMILIES = {
 }
 
 
-@pytest.mark.parametrize("arch", sorted(FAMILIES))
-def test_each_family_fuses_what_it_can_with_the_tokens_of_separate_calls(tiny_models, arch):
+@pytest.mark.parametrize(
+    "arch,kv_dtype", [(a, "dtype") for a in sorted(FAMILIES)] + [("qwen3", "int8")]
+)
+def test_each_family_fuses_what_it_can_with_the_tokens_of_separate_calls(
+    tiny_models, arch, kv_dtype
+):
+    """With an 8-bit cache the fused half leaves the K/V write to the cache's own."""
     loaded = load_model(tiny_models[arch], torch.bfloat16)
     jobs = random_jobs(loaded, 4, 3, prompt_range=(1, 60), output_range=(4, 16), pressure=False)
-    config = dict(kernels="cpu", weights="int8", max_slots=4, kv_pool_tokens=2048)
+    config = dict(
+        kernels="cpu", weights="int8", max_slots=4, kv_pool_tokens=2048, kv_dtype=kv_dtype
+    )
     engine = make_engine(loaded, **config)
     want_input, want_mlp = FAMILIES[arch]
     calls = fused_layers(loaded.model)

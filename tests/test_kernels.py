@@ -14,12 +14,8 @@ import triton  # in the dev extra: a missing triton fails these tests
 import triton.language as tl
 
 from lucedesk.kernels.attention_torch import paged_attention_torch, write_kv_torch
-from lucedesk.kernels.attention_triton import (
-    interpreting_bf16,
-    paged_attention,
-    round_to_bf16,
-    write_kv,
-)
+from lucedesk.kernels.attention_triton import interpreting_bf16, paged_attention, round_to_bf16
+from lucedesk.kernels.kv_write_triton import write_kv
 from lucedesk.kernels.layers_torch import add_rms_norm_torch, rotary_torch
 from lucedesk.kernels.layers_triton import add_rms_norm_triton, rotary_triton
 from tests.kernel_cases import (
@@ -30,6 +26,7 @@ from tests.kernel_cases import (
     ROTARY_CASES,
     TOL,
     WINDOW_CASES,
+    int8_caches,
     layer_inputs,
     make_batch,
     multi_query_case,
@@ -70,6 +67,58 @@ def test_write_kv_matches_reference(dtype):
     write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     write_kv_torch(k, v, ref_k, ref_v, meta.slot_mapping)
     assert torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_int8_write_kv_matches_reference(dtype):
+    """Into an 8-bit cache: the same levels and scales as the torch write (the same fp32
+    arithmetic and rounding rule)."""
+    kv_heads, head_dim, block_size = 2, 64, 16
+    k_cache, _v, meta = make_batch(6, block_size, [(5, 1), (33, 1), (0, 20)], kv_heads, 64, dtype)
+    g = torch.Generator().manual_seed(4)
+    qkv = torch.randn(meta.num_tokens, 3 * kv_heads * head_dim, generator=g) * 3
+    k, v = (
+        t.view(-1, kv_heads, head_dim)
+        for t in qkv.to(dtype).to(DEVICE).split(kv_heads * head_dim, 1)[1:]
+    )
+    k[2, 1] = 0  # an all-zero row
+    (kq, vq, ks, vs), _ = int8_caches(k_cache, k_cache)
+    ref = [t.clone() for t in (kq, vq, ks, vs)]
+    write_kv(k, v, kq, vq, meta.slot_mapping, k_scale=ks, v_scale=vs)
+    write_kv_torch(k, v, ref[0], ref[1], meta.slot_mapping, k_scale=ref[2], v_scale=ref[3])
+    for got, want in zip((kq, vq, ks, vs), ref):
+        assert torch.equal(got, want)
+
+
+INT8_CASES = [(*c, 0, False) for c in CASES[1::3]] + [c[:7] for c in WINDOW_CASES[1::2]]
+
+
+@pytest.mark.parametrize("ratio,head_dim,dtype,block_size,seqs,window,sinks", INT8_CASES)
+def test_int8_cache_attention_matches_reference(
+    ratio, head_dim, dtype, block_size, seqs, window, sinks
+):
+    """Over an 8-bit cache, what the torch reference computes over the values it holds."""
+    kv_heads = 2
+    k_cache, v_cache, meta = make_batch(window + head_dim, block_size, seqs, 2, head_dim, dtype)
+    g = torch.Generator().manual_seed(window + ratio)
+    q = torch.randn(meta.num_tokens, kv_heads * ratio, head_dim, generator=g).to(dtype)
+    q = q.to(DEVICE)
+    sink = random_sinks(kv_heads * ratio, window) if sinks else None
+    (kq, vq, ks, vs), (k_held, v_held) = int8_caches(k_cache, v_cache)
+    scale = head_dim**-0.5
+    got = paged_attention(q, kq, vq, meta, scale, window, sink, k_scale=ks, v_scale=vs)
+    want = paged_attention_torch(q.float(), k_held, v_held, meta, scale, window, sink)
+    torch.testing.assert_close(got.float(), want, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("case", MULTI_QUERY_CASES[1::3])
+def test_int8_multi_query_decodes_match_reference(case):
+    q, k_cache, v_cache, meta, scale, window, sink = multi_query_case(*case)
+    (kq, vq, ks, vs), (k_held, v_held) = int8_caches(k_cache, v_cache)
+    got = paged_attention(q, kq, vq, meta, scale, window, sink, k_scale=ks, v_scale=vs)
+    want = paged_attention_torch(q.float(), k_held, v_held, meta, scale, window, sink)
+    tol = TOL[q.dtype]
+    torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
 
 
 def test_wrappers_reject_bad_inputs():

@@ -149,3 +149,15 @@ def test_switching_engines_with_requests_in_flight_loses_none(tiny_llama):
     ]
     second.shutdown(drain=False)
     assert {h.result(timeout=10).finish_reason for h in open_handles} == {FinishReason.CANCELLED}
+
+
+def test_int8_kv_holds_twice_the_tokens():
+    """The pool derived from the same memory holds ~2x the tokens with 8-bit K/V (values plus
+    a float32 scale per token and KV head)."""
+    assert kv_bytes_per_token(SMOLLM2, torch.bfloat16, "int8") == 2 * 30 * 3 * (64 + 4)
+    config = EngineConfig(kv_dtype="int8", kv_memory_fraction=0.5)
+    plain = derive_pool_tokens(
+        config.replace(kv_dtype="dtype"), SMOLLM2, torch.bfloat16, 1 << 30, 10**9
+    )
+    eight = derive_pool_tokens(config, SMOLLM2, torch.bfloat16, 1 << 30, 10**9)
+    assert 1.85 < eight / plain < 1.9  # 128 / 68 bytes a row

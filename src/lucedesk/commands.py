@@ -175,14 +175,15 @@ def show_profiles(args: argparse.Namespace) -> int:
         config.max_model_len or model_config.max_position_embeddings,
         model_config.max_position_embeddings,
     )
-    per_token = kv_bytes_per_token(model_config, dtype)
+    per_token = kv_bytes_per_token(model_config, dtype, config.kv_dtype)
     print(f"\nresolved settings of {chosen.name!r} for {model_config.name}:")
     for key in sorted(field_names()):
         print(f"  {key:<24} {getattr(config, key)}")
 
     free = available_memory(resolve_device(config.device), config.unified_memory)
     pool = derive_pool_tokens(config, model_config, dtype, free, max_len)
-    print(f"\n  KV bytes per token       {per_token} ({str(dtype).removeprefix('torch.')})")
+    kv_type = "int8 + scales" if config.kv_dtype == "int8" else str(dtype).removeprefix("torch.")
+    print(f"\n  KV bytes per token       {per_token} ({kv_type})")
     print(
         f"  KV pool                  {pool} tokens ({pool * per_token / 2**20:.0f} MiB)"
         + ("" if config.kv_pool_tokens else f", derived from {free / 2**30:.1f} GiB free")

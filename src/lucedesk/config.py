@@ -10,6 +10,7 @@ from lucedesk.errors import ConfigError
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 KERNELS = ("auto", "torch", "cpu", "triton")
 WEIGHTS = ("auto", "dtype", "int8", "q4")
+KV_DTYPES = ("dtype", "int8")
 
 
 @dataclass(slots=True, frozen=True)
@@ -31,6 +32,9 @@ class EngineConfig:
     # q4 = a GGUF file's 4-bit blocks as they are (cpu kernels, bf16); auto = q4 for a 4-bit
     # file, else int8, where the cpu kernels run them fast on a bf16 model, else dtype.
     weights: str = "dtype"
+    # K/V cache storage: dtype = the model dtype; int8 = 8-bit values with a float32 scale
+    # per token and KV head (about half the bytes, so twice the tokens in the same memory).
+    kv_dtype: str = "dtype"
     device: str = "auto"  # auto = cuda when available (ROCm too), else cpu
     num_threads: int = 0  # CPU threads for torch; 0 = torch's default
     prefix_cache: bool = True
@@ -79,6 +83,8 @@ class EngineConfig:
             raise fail("kernels", f"must be one of {', '.join(KERNELS)}")
         if self.weights not in WEIGHTS:
             raise fail("weights", f"must be one of {', '.join(WEIGHTS)}")
+        if self.kv_dtype not in KV_DTYPES:
+            raise fail("kv_dtype", f"must be one of {', '.join(KV_DTYPES)}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise fail("device", "must be auto, cpu, cuda or cuda:N")
         return self

@@ -56,9 +56,11 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
 
 
-def kv_bytes_per_token(model: ModelConfig, dtype: torch.dtype) -> int:
-    """K and V, every layer, every KV head."""
-    return 2 * model.num_layers * model.num_kv_heads * model.head_dim * dtype.itemsize
+def kv_bytes_per_token(model: ModelConfig, dtype: torch.dtype, kv_dtype: str = "dtype") -> int:
+    """K and V, every layer, every KV head: `head_dim` values in the model dtype, or at
+    kv_dtype "int8" one byte each plus the row's float32 scale."""
+    row = model.head_dim + 4 if kv_dtype == "int8" else model.head_dim * dtype.itemsize
+    return 2 * model.num_layers * model.num_kv_heads * row
 
 
 def available_memory(device: torch.device, unified: bool = False) -> int:
@@ -88,7 +90,9 @@ def derive_pool_tokens(
         tokens = config.kv_pool_tokens
     else:
         tokens = min(
-            int(free_bytes * config.kv_memory_fraction) // kv_bytes_per_token(model, dtype), cap
+            int(free_bytes * config.kv_memory_fraction)
+            // kv_bytes_per_token(model, dtype, config.kv_dtype),
+            cap,
         )
     return tokens // config.block_size * config.block_size
 
@@ -199,21 +203,22 @@ def assemble(loaded: LoadedModel, config: EngineConfig, device: torch.device) ->
         config, loaded.config, model.dtype, available_memory(device, config.unified_memory), max_len
     )
     num_blocks = max(pool_tokens // config.block_size, 1)
-    runner = TorchSeqEngine(model, num_blocks, config.block_size, kernels, device)
+    runner = TorchSeqEngine(model, num_blocks, config.block_size, kernels, device, config.kv_dtype)
     scheduler = Scheduler(config, num_blocks, max_len)
     info = ModelInfo(
         loaded.name, str(loaded.path), loaded.config.architecture, loaded.quantization, max_len
     )
     engine = Engine(runner, scheduler, loaded.tokenizer, info, config.max_waiting)
     log.info(
-        "engine: %s on %s (%s, %s weights), %d slots, KV pool %d tokens (%d MiB), %s kernels",
+        "engine: %s on %s (%s, %s weights), %d slots, KV pool %d tokens (%d MiB, %s), %s kernels",
         loaded.name,
         device,
         str(model.dtype).removeprefix("torch."),
         weights,
         config.max_slots,
         pool_tokens,
-        pool_tokens * kv_bytes_per_token(loaded.config, model.dtype) // MIB,
+        pool_tokens * kv_bytes_per_token(loaded.config, model.dtype, config.kv_dtype) // MIB,
+        config.kv_dtype,
         kernels,
     )
     return BuiltEngine(engine, loaded, device, model.dtype, pool_tokens, kernels, weights)

@@ -9,6 +9,7 @@ from lucedesk.engine.sampler import Sampler
 from lucedesk.engine.scheduler import StepPlan
 from lucedesk.engine.seq_engine import StepResult
 from lucedesk.kernels import Kernels, get_kernels
+from lucedesk.kernels.kv_storage import LayerKV
 from lucedesk.kernels.metadata import AttentionMetadata
 
 
@@ -19,14 +20,12 @@ class PagedAttention:
     def __init__(
         self,
         kernels: Kernels,
-        k_caches: list[torch.Tensor],
-        v_caches: list[torch.Tensor],
+        caches: list[LayerKV],
         meta: AttentionMetadata,
         scale: float,
     ) -> None:
         self.kernels = kernels
-        self.k_caches = k_caches
-        self.v_caches = v_caches
+        self.caches = caches
         self.meta = meta
         self.scale = scale
 
@@ -39,24 +38,27 @@ class PagedAttention:
         window: int = 0,
         sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        k_cache, v_cache = self.k_caches[layer_idx], self.v_caches[layer_idx]
-        self.kernels.write_kv(k, v, k_cache, v_cache, self.meta.slot_mapping)
-        return self.kernels.attention(q, k_cache, v_cache, self.meta, self.scale, window, sinks)
+        kv = self.caches[layer_idx]
+        scales = {"k_scale": kv.k_scale, "v_scale": kv.v_scale}
+        self.kernels.write_kv(k, v, kv.k, kv.v, self.meta.slot_mapping, **scales)
+        return self.kernels.attention(q, kv.k, kv.v, self.meta, self.scale, window, sinks, **scales)
 
     def cache_rows(
         self, layer_idx: int, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """The layer's caches and this step's rows in them, when they hold `dtype` as is."""
-        k_cache = self.k_caches[layer_idx]
-        if k_cache.dtype != dtype:
+        """The layer's caches and this step's rows in them, when they hold `dtype` as is
+        (an 8-bit cache quantizes what it is handed)."""
+        kv = self.caches[layer_idx]
+        if kv.k_scale is not None or kv.k.dtype != dtype:
             return None
-        return k_cache, self.v_caches[layer_idx], self.meta.slot_mapping
+        return kv.k, kv.v, self.meta.slot_mapping
 
     def attend(
         self, layer_idx: int, q: torch.Tensor, window: int = 0, sinks: torch.Tensor | None = None
     ) -> torch.Tensor:
-        k_cache, v_cache = self.k_caches[layer_idx], self.v_caches[layer_idx]
-        return self.kernels.attention(q, k_cache, v_cache, self.meta, self.scale, window, sinks)
+        kv = self.caches[layer_idx]
+        scales = {"k_scale": kv.k_scale, "v_scale": kv.v_scale}
+        return self.kernels.attention(q, kv.k, kv.v, self.meta, self.scale, window, sinks, **scales)
 
 
 class TorchSeqEngine:
@@ -67,6 +69,7 @@ class TorchSeqEngine:
         block_size: int,
         kernels: str = "torch",
         device: torch.device | str = "cpu",
+        kv_dtype: str = "dtype",
     ) -> None:
         c = model.config
         self.model = model
@@ -77,8 +80,9 @@ class TorchSeqEngine:
         self.kernels = get_kernels(kernels)
         model.use_kernels(self.kernels)
         shape = (c.num_kv_heads, num_blocks, block_size, c.head_dim)
-        self.k_caches = [torch.zeros(shape, dtype=model.dtype, device=device) for _ in model.layers]
-        self.v_caches = [torch.zeros(shape, dtype=model.dtype, device=device) for _ in model.layers]
+        # kv_dtype "dtype": K/V in the model dtype; "int8": 8-bit rows with a float32 scale
+        # per token and KV head (kernels/kv_storage.py).
+        self.caches = [LayerKV.allocate(shape, model.dtype, kv_dtype, device) for _ in model.layers]
         self.scale = c.attention_scale
         self.sampler = Sampler()
 
@@ -115,7 +119,7 @@ class TorchSeqEngine:
             num_decodes=num_decodes,
             device=self.device,
         )
-        attention = PagedAttention(self.kernels, self.k_caches, self.v_caches, meta, self.scale)
+        attention = PagedAttention(self.kernels, self.caches, meta, self.scale)
         with torch.inference_mode():
             hidden = self.model(
                 torch.tensor(input_ids, device=self.device),

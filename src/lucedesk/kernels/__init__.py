@@ -25,8 +25,10 @@ KERNEL_CHOICES = ("auto", "torch", "cpu", "triton")
 
 class Kernels(NamedTuple):
     name: str
-    write_kv: Callable[..., None]  # (k, v, k_cache, v_cache, slot_mapping)
-    attention: Callable[..., torch.Tensor]  # (q, k_cache, v_cache, meta, scale) -> out
+    # (k, v, k_cache, v_cache, slot_mapping, k_scale=, v_scale=): scales for an int8 cache
+    write_kv: Callable[..., None]
+    # (q, k_cache, v_cache, meta, scale, window, sinks, k_scale=, v_scale=) -> out
+    attention: Callable[..., torch.Tensor]
     # (x, residual | None, weight, eps) -> (rms_norm(x + residual) * weight, x + residual)
     add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     # (q, k, cos, sin) -> (q, k) rotated; may rotate in place
@@ -93,7 +95,8 @@ def get_kernels(name: str) -> Kernels:
         )
     if name == "triton":
         try:
-            from lucedesk.kernels.attention_triton import paged_attention, write_kv
+            from lucedesk.kernels.attention_triton import paged_attention
+            from lucedesk.kernels.kv_write_triton import write_kv
             from lucedesk.kernels.layers_triton import add_rms_norm_triton, rotary_triton
             from lucedesk.kernels.moe_triton import grouped_linear
         except ImportError as exc:

@@ -17,6 +17,9 @@ seeing the keys up to its own position.
 Two variants every implementation takes: a sliding `window` (a row at position p sees keys
 p - window + 1 .. p; 0 = all keys) and attention `sinks` (float32 [num_heads]: one learned
 logit per head that joins each softmax's denominator and adds no value, as gpt-oss has).
+
+An 8-bit cache (int8 values, float32 scales per token and KV head: kv_storage.py) is
+written quantized and read back dequantized to the query's dtype as it is gathered.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from lucedesk.kernels.kv_storage import LayerKV, check_scales, dequantize, quantize_rows
 from lucedesk.kernels.metadata import AttentionMetadata
 
 
@@ -33,12 +37,22 @@ def write_kv_torch(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
-    """k, v: [num_tokens, num_kv_heads, head_dim]; slot_mapping: [num_tokens] cache rows."""
+    """k, v: [num_tokens, num_kv_heads, head_dim]; slot_mapping: [num_tokens] cache rows.
+    An int8 cache gets each token's row of each head quantized, its scale beside it."""
+    check_scales(k_cache, v_cache, k_scale, v_scale)
     kv_heads, head_dim = k.shape[1], k.shape[2]
     rows = slot_mapping
-    k_cache.view(kv_heads, -1, head_dim).index_copy_(1, rows, k.transpose(0, 1).to(k_cache.dtype))
-    v_cache.view(kv_heads, -1, head_dim).index_copy_(1, rows, v.transpose(0, 1).to(v_cache.dtype))
+    for new, cache, scales in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
+        flat = cache.view(kv_heads, -1, head_dim)  # [kvh, num_blocks * block_size, hd]
+        if scales is None:
+            flat.index_copy_(1, rows, new.transpose(0, 1).to(cache.dtype))
+            continue
+        levels, row_scales = quantize_rows(new)  # [T, kvh, hd] int8, [T, kvh] float32
+        flat.index_copy_(1, rows, levels.transpose(0, 1))
+        scales.view(kv_heads, -1).index_copy_(1, rows, row_scales.t())
 
 
 def paged_attention_torch(
@@ -49,23 +63,26 @@ def paged_attention_torch(
     scale: float,
     window: int = 0,
     sinks: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim].
 
     Each row attends to its own sequence's cached tokens up to and including its position
-    (the new K/V must already be written)."""
+    (the new K/V must already be written). k_scale / v_scale: an int8 cache's scales."""
+    check_scales(k_cache, v_cache, k_scale, v_scale)
+    kv = LayerKV(k_cache, v_cache, k_scale, v_scale)
     out = torch.empty_like(q)
     rows = meta.num_decode_tokens
     if rows:
-        out[:rows] = _decode(q[:rows], k_cache, v_cache, meta, scale, window, sinks)
-    prefill_chunks(q, k_cache, v_cache, meta, scale, out, window, sinks)
+        out[:rows] = _decode(q[:rows], kv, meta, scale, window, sinks)
+    prefill_chunks(q, kv, meta, scale, out, window, sinks)
     return out
 
 
 def prefill_chunks(
     q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    kv: LayerKV,
     meta: AttentionMetadata,
     scale: float,
     out: torch.Tensor,
@@ -75,23 +92,29 @@ def prefill_chunks(
     """Attention for the step's prompt chunks (the sequences after the decodes), into `out`."""
     for i in range(meta.num_decodes, meta.num_seqs):
         start, end = meta.query_start_cpu[i], meta.query_start_cpu[i + 1]
-        args = (q[start:end], k_cache, v_cache, meta.block_tables[i], meta.seq_lens_cpu[i], scale)
+        args = (q[start:end], kv, meta.block_tables[i], meta.seq_lens_cpu[i], scale)
         if window or sinks is not None:
             out[start:end] = _prefill_masked(*args, window, sinks)
         else:
             out[start:end] = _prefill(*args)
 
 
-def _gather(cache: torch.Tensor, block_table: torch.Tensor, num_blocks: int) -> torch.Tensor:
-    """block ids [..., num_blocks] -> [kv_heads, ..., num_blocks * block_size, head_dim]."""
-    blocks = cache[:, block_table[..., :num_blocks]]  # [kvh, ..., nb, bs, hd], contiguous
-    return blocks.flatten(-3, -2)
+def _gather(
+    kv: LayerKV, block_table: torch.Tensor, num_blocks: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """block ids [..., num_blocks] -> keys and values [kv_heads, ..., num_blocks * block_size,
+    head_dim] in `dtype` (an int8 cache's blocks dequantized)."""
+    ids = block_table[..., :num_blocks]
+    k_blocks, v_blocks = kv.k[:, ids], kv.v[:, ids]  # [kvh, ..., nb, bs, hd], contiguous
+    if kv.k_scale is not None and kv.v_scale is not None:
+        k_blocks = dequantize(k_blocks, kv.k_scale[:, ids], dtype)
+        v_blocks = dequantize(v_blocks, kv.v_scale[:, ids], dtype)
+    return k_blocks.flatten(-3, -2), v_blocks.flatten(-3, -2)
 
 
 def _decode(
     q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    kv: LayerKV,
     meta: AttentionMetadata,
     scale: float,
     window: int = 0,
@@ -100,13 +123,12 @@ def _decode(
     # q: [D, nh, hd], the decode sequences' query rows; each row attends as a one-query
     # decode ending at its own position. Grouped by KV head so K/V are never repeated.
     nd, D = meta.num_decodes, q.shape[0]
-    kv_heads, block_size = k_cache.shape[0], k_cache.shape[2]
+    kv_heads, block_size = kv.k.shape[0], kv.k.shape[2]
     max_len = max(meta.seq_lens_cpu[:nd])
     nb = -(-max_len // block_size)
     seq, pos = meta.row_positions()
     seq, row_lens = seq[:D], pos[:D, None] + 1  # [D], [D, 1]: each row's sequence and end
-    keys = _gather(k_cache, meta.block_tables[seq], nb)  # [kvh, D, L, hd]
-    values = _gather(v_cache, meta.block_tables[seq], nb)
+    keys, values = _gather(kv, meta.block_tables[seq], nb, q.dtype)  # [kvh, D, L, hd]
     nh, hd = q.shape[1], q.shape[2]
     qg = q.view(D, kv_heads, nh // kv_heads, hd).transpose(0, 1)  # [kvh, D, g, hd]
     scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * scale  # [kvh, D, g, L]
@@ -132,17 +154,16 @@ def softmax_with_sinks(scores: torch.Tensor, sink: torch.Tensor | None) -> torch
 
 def _prefill(
     q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    kv: LayerKV,
     block_table: torch.Tensor,
     seq_len: int,
     scale: float,
 ) -> torch.Tensor:
     # q: [n, nh, hd], the last n positions of a sequence whose cache holds seq_len tokens.
-    block_size = k_cache.shape[2]
+    block_size = kv.k.shape[2]
     nb = -(-seq_len // block_size)
-    keys = _gather(k_cache, block_table, nb)[:, :seq_len]  # [kvh, L, hd]
-    values = _gather(v_cache, block_table, nb)[:, :seq_len]
+    keys, values = _gather(kv, block_table, nb, q.dtype)  # [kvh, nb * block_size, hd]
+    keys, values = keys[:, :seq_len], values[:, :seq_len]
     n = q.shape[0]
     if n == seq_len:
         # The whole sequence so far: plain causal attention, which SDPA runs as its fused
@@ -169,8 +190,7 @@ def _prefill(
 
 def _prefill_masked(
     q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    kv: LayerKV,
     block_table: torch.Tensor,
     seq_len: int,
     scale: float,
@@ -181,14 +201,15 @@ def _prefill_masked(
     # flash kernel with the softmax's log-sum-exp, the rows rescaled for the sink's share.
     # A window: explicit scores over only the keys some row of the chunk can see, read from
     # the block holding the first of them.
-    block_size = k_cache.shape[2]
+    block_size = kv.k.shape[2]
     n = q.shape[0]
     first = max(0, seq_len - n - window + 1) if window else 0
     first_block, nb = first // block_size, -(-seq_len // block_size)
     skip = first - first_block * block_size
     table = block_table[first_block:nb]
-    keys = _gather(k_cache, table, nb - first_block)[:, skip : seq_len - first_block * block_size]
-    values = _gather(v_cache, table, nb - first_block)[:, skip : seq_len - first_block * block_size]
+    keys, values = _gather(kv, table, nb - first_block, q.dtype)
+    end = seq_len - first_block * block_size
+    keys, values = keys[:, skip:end], values[:, skip:end]
     if not window and sinks is not None and FLASH_WITH_LSE is not None and q.is_cpu:
         return _flash_with_sinks(q, keys, values, scale, sinks)
     query_pos = torch.arange(seq_len - n, seq_len, device=q.device)

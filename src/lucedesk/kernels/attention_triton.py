@@ -15,6 +15,10 @@ kernel combines:
     └──────────────────────────┘               └───────────────────┘
 
 The cache layout is the torch reference's: [kv_heads, num_blocks, block_size, head_dim].
+An 8-bit cache (kv_storage.py) is read as stored: its levels widened to the tile dtype
+(exact: |level| <= 127), each key's scale multiplied into its scores and each value's scale
+into its weights (the softmax's sum is taken before), in fp32. The KV write is in
+kv_write_triton.py.
 """
 
 from __future__ import annotations
@@ -25,35 +29,10 @@ import torch
 import triton
 import triton.language as tl
 
+from lucedesk.kernels.kv_storage import check_scales
 from lucedesk.kernels.metadata import AttentionMetadata
 
 BLOCKS_PER_SPLIT = 16  # KV blocks one program covers before the context is split
-
-
-@triton.jit
-def _write_kv_kernel(
-    k_ptr,
-    v_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    slot_ptr,
-    k_stride_t,
-    k_stride_h,
-    v_stride_t,
-    v_stride_h,
-    cache_rows,
-    HEAD_DIM: tl.constexpr,
-):
-    # k/v rows may be views into the fused qkv output: addressed through their strides.
-    token = tl.program_id(0)
-    head = tl.program_id(1)
-    slot = tl.load(slot_ptr + token).to(tl.int64)
-    d = tl.arange(0, HEAD_DIM)
-    dst = (head.to(tl.int64) * cache_rows + slot) * HEAD_DIM + d
-    k = tl.load(k_ptr + token * k_stride_t + head * k_stride_h + d)
-    v = tl.load(v_ptr + token * v_stride_t + head * v_stride_h + d)
-    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty))
-    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -61,6 +40,8 @@ def _attention_split_kernel(
     q_ptr,
     k_cache_ptr,
     v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     block_tables_ptr,
     row_seq_ptr,
     row_pos_ptr,
@@ -86,6 +67,7 @@ def _attention_split_kernel(
     PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     EMULATE_BF16: tl.constexpr,
+    QUANTIZED: tl.constexpr,
 ):
     # One work item: `n` consecutive query rows of one sequence (all rows of a decode, or one
     # row of a prompt chunk), tiled as TILE = rows x GROUP_PAD query heads:
@@ -130,6 +112,8 @@ def _attention_split_kernel(
         k = tl.load(k_cache_ptr + cache_rows[:, None] * HEAD_DIM + d[None, :]).to(DOT_DTYPE)
         v = tl.load(v_cache_ptr + cache_rows[:, None] * HEAD_DIM + d[None, :]).to(DOT_DTYPE)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [TILE, BS]
+        if QUANTIZED:  # int8 rows: each key's scale (the level products are exact)
+            scores = scores * tl.load(k_scale_ptr + cache_rows)[None, :]
         key = b * BLOCK_SIZE + s
         visible = (key[None, :] <= pos[:, None]) & (key[None, :] >= first_key[:, None])
         scores = tl.where(visible, scores, float("-inf"))
@@ -139,6 +123,8 @@ def _attention_split_kernel(
         alpha = tl.exp(m - m_safe)
         p = tl.exp(scores - m_safe[:, None])
         l_sum = l_sum * alpha + tl.sum(p, 1)
+        if QUANTIZED:  # each value row's scale joins its weight
+            p = p * tl.load(v_scale_ptr + cache_rows)[None, :]
         if EMULATE_BF16:  # what p.to(bf16) does on a GPU, in the interpreter's fp32 tiles
             p = round_to_bf16(p)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
@@ -253,37 +239,6 @@ def _check_rows(name: str, t: torch.Tensor) -> None:
         )
 
 
-def write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
-    """k, v: [num_tokens, kv_heads, head_dim] scattered to their slots in the cache."""
-    _check_rows("k", k)
-    _check_rows("v", v)
-    if k.shape != v.shape:
-        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} differ")
-    _check_cache(k, k_cache, v_cache)
-    _check("slot_mapping", slot_mapping, 1)
-    if k.shape[1] != k_cache.shape[0] or slot_mapping.shape[0] != k.shape[0]:
-        raise ValueError(
-            f"k {tuple(k.shape)}, slot_mapping {tuple(slot_mapping.shape)} and "
-            f"cache {tuple(k_cache.shape)} do not agree"
-        )
-    if k.shape[0] == 0:
-        return
-    kv_heads, num_blocks, block_size, head_dim = k_cache.shape
-    _write_kv_kernel[(k.shape[0], kv_heads)](
-        k,
-        v,
-        k_cache,
-        v_cache,
-        slot_mapping,
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        num_blocks * block_size,
-        HEAD_DIM=head_dim,
-    )
-
-
 def _work_items(meta: AttentionMetadata) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
     """(first row, number of rows) per work item, and the rows a tile holds, per launch: one
     launch for the decode sequences with several rows (a drafted decode, its rows tiled
@@ -308,17 +263,27 @@ def _work_items(meta: AttentionMetadata) -> list[tuple[torch.Tensor, torch.Tenso
 
 
 def paged_attention(
-    q, k_cache, v_cache, meta: AttentionMetadata, scale: float, window: int = 0, sinks=None
+    q,
+    k_cache,
+    v_cache,
+    meta: AttentionMetadata,
+    scale: float,
+    window: int = 0,
+    sinks=None,
+    k_scale=None,
+    v_scale=None,
 ) -> torch.Tensor:
     """q: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim]. q may be a
     view into the fused qkv projection (rows strided, head_dim contiguous). A row sees the
-    last `window` keys (0: all); `sinks` (float32 [num_heads]) join each softmax."""
+    last `window` keys (0: all); `sinks` (float32 [num_heads]) join each softmax; an int8
+    cache comes with its float32 scales [kv_heads, num_blocks, block_size]."""
     _check_rows("q", q)
     if window < 0:
         raise ValueError(f"window must be >= 0, got {window}")
     if sinks is not None and (sinks.dtype != torch.float32 or sinks.shape != (q.shape[1],)):
         raise ValueError(f"sinks must be float32 [{q.shape[1]}], got {tuple(sinks.shape)}")
-    if q.dtype != k_cache.dtype:
+    check_scales(k_cache, v_cache, k_scale, v_scale)
+    if q.dtype != k_cache.dtype and k_scale is None:
         raise ValueError(f"q must be {k_cache.dtype}, got {q.dtype}")
     _check_cache(q, k_cache, v_cache)
     num_tokens, num_heads, head_dim = q.shape
@@ -343,6 +308,8 @@ def paged_attention(
             q,
             k_cache,
             v_cache,
+            part_m if k_scale is None else k_scale,
+            part_m if v_scale is None else v_scale,
             block_tables,
             seq,
             pos,
@@ -369,6 +336,7 @@ def paged_attention(
             PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
             DOT_DTYPE=_dot_dtype(q.dtype),
             EMULATE_BF16=interpreting_bf16(q.dtype),
+            QUANTIZED=k_scale is not None,
         )
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     _attention_reduce_kernel[(num_tokens, num_heads)](

@@ -10,6 +10,7 @@ import torch
 from lucedesk.kernels.attention_torch import prefill_chunks
 from lucedesk.kernels.checks import check_norm_args, check_rotary_args, require
 from lucedesk.kernels.cpu_build import load_cpu_ops
+from lucedesk.kernels.kv_storage import LayerKV, check_scales
 from lucedesk.kernels.metadata import AttentionMetadata
 from lucedesk.kernels.quantized import LowBitWeight
 
@@ -17,12 +18,19 @@ from lucedesk.kernels.quantized import LowBitWeight
 CacheRows = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-def _check_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+def _check_inputs(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+) -> None:
     require(q.dim() == 3, f"q must be [tokens, heads, head_dim], got {tuple(q.shape)}")
     require(k_cache.dim() == 4, f"k_cache must be 4-D, got {tuple(k_cache.shape)}")
     require(k_cache.shape == v_cache.shape, "k_cache and v_cache differ in shape")
+    check_scales(k_cache, v_cache, k_scale, v_scale)
     require(
-        q.dtype == k_cache.dtype == v_cache.dtype,
+        k_scale is not None or q.dtype == k_cache.dtype == v_cache.dtype,
         f"dtypes differ: q {q.dtype}, k_cache {k_cache.dtype}, v_cache {v_cache.dtype}",
     )
     require(q.device.type == k_cache.device.type == "cpu", "the CPU kernels take CPU tensors only")
@@ -40,11 +48,14 @@ def paged_attention_cpu(
     scale: float,
     window: int = 0,
     sinks: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Same contract as `paged_attention_torch`: decode sequences in C++ over the blocks in
-    place, each block read once for all of a sequence's query rows; prompt chunks through
-    torch's SDPA (compute-bound, where oneDNN's matmuls win)."""
-    _check_inputs(q, k_cache, v_cache)
+    place, each block read once for all of a sequence's query rows (an int8 cache's rows and
+    scales as stored); prompt chunks through torch's SDPA (compute-bound, where oneDNN's
+    matmuls win)."""
+    _check_inputs(q, k_cache, v_cache, k_scale, v_scale)
     require(q.shape[0] == meta.num_tokens, f"q has {q.shape[0]} rows, the step {meta.num_tokens}")
     require(window >= 0, f"window must be >= 0, got {window}")
     if sinks is not None:
@@ -67,8 +78,10 @@ def paged_attention_cpu(
             scale,
             window,
             sinks,
+            k_scale,
+            v_scale,
         )
-    prefill_chunks(q, k_cache, v_cache, meta, scale, out, window, sinks)
+    prefill_chunks(q, LayerKV(k_cache, v_cache, k_scale, v_scale), meta, scale, out, window, sinks)
     return out
 
 

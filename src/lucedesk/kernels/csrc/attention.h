@@ -5,6 +5,12 @@
 
 namespace {
 
+// An 8-bit cache's levels -> float (its scales are applied to the scores and the weights).
+inline void widen(float* dst, const int8_t* src, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
 // The rows of one sequence that a decode task attends for: row i (of n) sees keys
 // first[i]..end[i]-1 and its blocks are walked from begin[i] (first[i] rounded down to a
 // block). Row 0 begins earliest and row n-1 ends last, so [begin[0], end[n-1]) covers all.
@@ -158,11 +164,17 @@ inline void weighted_values_bf16(const float* p, int64_t stride, const QueryRows
 }
 #endif
 
-template <typename T>
+// C, the cache's type: T, or int8_t for an 8-bit cache whose float scales k_scales /
+// v_scales ([kvh, num_blocks, bs], one per token and KV head) multiply each key's score
+// and each value's weight (p_j * s_j), so the arithmetic stays in float.
+template <typename T, typename C>
 void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
                       const at::Tensor& v_cache, const at::Tensor& block_tables,
                       const at::Tensor& seq_lens, const at::Tensor& query_start, double scale,
-                      int64_t window, const float* sinks) {
+                      int64_t window, const float* sinks, const float* k_scales,
+                      const float* v_scales) {
+  constexpr bool kQuantized = std::is_same_v<C, int8_t>;
+  constexpr bool kBf16Cache = std::is_same_v<T, c10::BFloat16> && std::is_same_v<C, T>;
   // q, out: [R, nh, hd] (head_dim contiguous), the query rows of S sequences; query_start:
   // [S + 1] int32, sequence s owning rows query_start[s]..query_start[s + 1] - 1; caches:
   // [kvh, num_blocks, bs, hd] contiguous; block_tables: [>=S, max_blocks] int32 contiguous;
@@ -177,8 +189,8 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
   const int64_t q_stride_row = q.stride(0), q_stride_head = q.stride(1);
   const int64_t o_stride_row = out.stride(0), o_stride_head = out.stride(1);
   const T* qp = q.data_ptr<T>();
-  const T* kp = k_cache.data_ptr<T>();
-  const T* vp = v_cache.data_ptr<T>();
+  const C* kp = k_cache.data_ptr<C>();
+  const C* vp = v_cache.data_ptr<C>();
   T* op = out.data_ptr<T>();
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
@@ -222,7 +234,7 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
       // with AVX512-BF16, dotted as stored, sixteen key rows at a time.
       bool scored = false;
 #if defined(LUCEDESK_AVX512BF16)
-      if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      if constexpr (kBf16Cache) {
         if (hd % 32 == 0 && bs % 16 == 0) {
           for (int64_t j0 = block_start; j0 < len; j0 += 16) {
             const T* kb = kp + ((head * num_blocks + table[j0 / bs]) * bs + j0 % bs) * hd;
@@ -239,8 +251,8 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
       }
 #endif
       for (int64_t j0 = block_start; j0 < len && !scored; j0 += bs) {
-        widen(kf.data(), kp + ((head * num_blocks + table[j0 / bs]) * bs) * hd,
-              std::min(bs, len - j0) * hd);
+        const int64_t block_row = (head * num_blocks + table[j0 / bs]) * bs;
+        widen(kf.data(), kp + block_row * hd, std::min(bs, len - j0) * hd);
         for (int64_t i = 0; i < n; ++i) {
           if (!rows_of.walks(i, j0)) continue;
           const int64_t rows = std::min(bs, rows_of.end[i] - j0);
@@ -251,6 +263,7 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
               float s = 0.f;
 #pragma omp simd reduction(+ : s)
               for (int64_t e = 0; e < hd; ++e) s += qh[e] * krow[e];
+              if constexpr (kQuantized) s *= k_scales[block_row + r];
               scores[h * len + j0 + r] = s;
             }
           }
@@ -274,9 +287,13 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
         if (sinks) sum += exp_nonpositive(sink - mx);
         std::fill(sh + rows_of.begin[i], sh + first, 0.f);
         inv_sum[h] = 1.f / sum;
+        if constexpr (kQuantized) {  // each weight takes its value row's scale
+          for (int64_t j = first; j < stop; ++j)
+            sh[j] *= v_scales[(head * num_blocks + table[j / bs]) * bs + j % bs];
+        }
       }
 #if defined(LUCEDESK_AVX512BF16)
-      if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      if constexpr (kBf16Cache) {
         if (hd % 32 == 0) {
           weighted_values_bf16(scores.data(), len, rows_of, group, vp, table, head, num_blocks,
                                bs, hd, inv_sum.data(), outs.data());
@@ -323,7 +340,9 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
 void paged_decode_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache,
                             const at::Tensor& v_cache, const at::Tensor& block_tables,
                             const at::Tensor& seq_lens, const at::Tensor& query_start,
-                            double scale, int64_t window, const std::optional<at::Tensor>& sinks) {
+                            double scale, int64_t window, const std::optional<at::Tensor>& sinks,
+                            const std::optional<at::Tensor>& k_scale,
+                            const std::optional<at::Tensor>& v_scale) {
   TORCH_CHECK(window >= 0, "paged decode attention: window must be >= 0");
   TORCH_CHECK(query_start.scalar_type() == at::kInt && query_start.is_contiguous() &&
                   query_start.dim() == 1 && query_start.size(0) >= 1,
@@ -335,10 +354,28 @@ void paged_decode_attention(at::Tensor out, const at::Tensor& q, const at::Tenso
                 "paged decode attention: sinks must be contiguous float32 [num_heads]");
     sink_ptr = sinks->data_ptr<float>();
   }
+  const bool quantized = k_cache.scalar_type() == at::kChar;
+  TORCH_CHECK(quantized == k_scale.has_value() && quantized == v_scale.has_value() &&
+                  v_cache.scalar_type() == k_cache.scalar_type(),
+              "paged decode attention: an int8 cache takes k_scale and v_scale, others none");
+  if (quantized) {
+    for (const at::Tensor& s : {*k_scale, *v_scale})
+      TORCH_CHECK(s.scalar_type() == at::kFloat && s.is_contiguous() && s.dim() == 3 &&
+                      s.size(0) == k_cache.size(0) && s.size(1) == k_cache.size(1) &&
+                      s.size(2) == k_cache.size(2),
+                  "paged decode attention: scales must be contiguous float32 [kvh, blocks, bs]");
+  }
   dispatch(q.scalar_type(), [&](auto zero) {
     using scalar_t = decltype(zero);
-    decode_attention<scalar_t>(out, q, k_cache, v_cache, block_tables, seq_lens, query_start,
-                               scale, window, sink_ptr);
+    if (quantized) {
+      decode_attention<scalar_t, int8_t>(out, q, k_cache, v_cache, block_tables, seq_lens,
+                                         query_start, scale, window, sink_ptr,
+                                         k_scale->data_ptr<float>(), v_scale->data_ptr<float>());
+    } else {
+      decode_attention<scalar_t, scalar_t>(out, q, k_cache, v_cache, block_tables, seq_lens,
+                                           query_start, scale, window, sink_ptr, nullptr,
+                                           nullptr);
+    }
   });
 }
 

@@ -20,7 +20,7 @@ TORCH_LIBRARY(lucedesk_cpu, m) {
   m.def(
       "paged_decode_attention(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, "
       "Tensor block_tables, Tensor seq_lens, Tensor query_start, float scale, int window, "
-      "Tensor? sinks) -> ()",
+      "Tensor? sinks, Tensor? k_scale, Tensor? v_scale) -> ()",
       &paged_decode_attention);
   m.def("add_rms_norm(Tensor x, Tensor? residual, Tensor weight, float eps) -> (Tensor, Tensor)",
         &add_rms_norm);

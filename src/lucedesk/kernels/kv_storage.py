@@ -1,0 +1,106 @@
+"""A layer's paged K/V storage, in the model dtype or in 8 bits.
+
+    k, v:              [num_kv_heads, num_blocks, block_size, head_dim]  model dtype or int8
+    k_scale, v_scale:  [num_kv_heads, num_blocks, block_size]            float32 (int8 only)
+
+At 8 bits each token's row of each KV head is stored as `round(x / s)` in -127..127 with
+`s = max|x| / 127` over the head's `head_dim` values (one float32 scale per token and KV
+head). A row is quantized once, when its token's K/V is written, from that token's values
+alone, and is never rewritten: what a request's cache holds depends only on its own tokens,
+so batching, prefix sharing and drafts read the same bytes they would alone. The error of
+an element is at most half a level, `max|x| / 254`.
+
+The kernels take the scales as `k_scale` / `v_scale` keyword arguments (None: the cache is
+in the model dtype)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lucedesk.kernels.checks import require
+
+KV_DTYPES = ("dtype", "int8")
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x: [..., head_dim] -> (int8 [..., head_dim], float32 scales [...]): each row's absmax
+    maps to 127, values rounded to the nearest level, halves up (`floor(y + 0.5)`, the rule
+    every implementation uses). An all-zero row has scale 0."""
+    xf = x.float()
+    scale = xf.abs().amax(-1) / 127.0  # [...]
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    levels = torch.floor(xf / safe[..., None] + 0.5).clamp_(-127, 127)
+    return levels.to(torch.int8), scale
+
+
+def dequantize(values: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """int8 [..., head_dim] and float32 [...] -> dtype [..., head_dim]."""
+    return (values.float() * scales[..., None]).to(dtype)
+
+
+@dataclass(slots=True)
+class LayerKV:
+    """One layer's K and V caches (and their scales when 8-bit), as the runner allocates
+    them and the attention kernels read them."""
+
+    k: torch.Tensor  # [kvh, num_blocks, block_size, head_dim]
+    v: torch.Tensor
+    k_scale: torch.Tensor | None = None  # [kvh, num_blocks, block_size] float32, int8 only
+    v_scale: torch.Tensor | None = None
+
+    @classmethod
+    def allocate(
+        cls,
+        shape: tuple[int, int, int, int],
+        dtype: torch.dtype,
+        kv_dtype: str,
+        device: torch.device | str,
+    ) -> LayerKV:
+        """Zeroed caches of `shape` = (kv_heads, num_blocks, block_size, head_dim): in
+        `dtype` (the model's) for kv_dtype "dtype", int8 values with float32 scales for
+        "int8"."""
+        require(kv_dtype in KV_DTYPES, f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
+        if kv_dtype == "dtype":
+            return cls(
+                torch.zeros(shape, dtype=dtype, device=device),
+                torch.zeros(shape, dtype=dtype, device=device),
+            )
+        return cls(
+            torch.zeros(shape, dtype=torch.int8, device=device),
+            torch.zeros(shape, dtype=torch.int8, device=device),
+            torch.zeros(shape[:3], dtype=torch.float32, device=device),
+            torch.zeros(shape[:3], dtype=torch.float32, device=device),
+        )
+
+    @property
+    def quantized(self) -> bool:
+        return self.k_scale is not None
+
+
+def check_scales(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+) -> None:
+    """An int8 cache comes with float32 scales of its first three dimensions, contiguous;
+    a cache in a float dtype with none."""
+    quantized = k_cache.dtype == torch.int8
+    require(
+        quantized
+        == (k_scale is not None)
+        == (v_scale is not None)
+        == (v_cache.dtype == torch.int8),
+        "an int8 K/V cache needs k_scale and v_scale (and a float cache none)",
+    )
+    if not quantized:
+        return
+    for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+        assert s is not None
+        require(
+            s.dtype == torch.float32 and s.shape == k_cache.shape[:3] and s.is_contiguous(),
+            f"{name} must be contiguous float32 {tuple(k_cache.shape[:3])}, "
+            f"got {s.dtype} {tuple(s.shape)}",
+        )
