@@ -257,6 +257,7 @@ def test_the_default_model_quoting_code_keeps_its_text_in_fewer_steps(default_mo
         results[on] = (handle.result(timeout=0), steps, engine.scheduler)
     (plain, plain_steps, _), (drafted, drafted_steps, sched) = results[False], results[True]
     assert drafted.text == plain.text and drafted.token_ids == plain.token_ids
-    assert "return merge(merge_sort(items[:middle])" in plain.text  # it did quote the code
+    quoted = SOURCE[SOURCE.index("def merge_sort") : SOURCE.index("    return merge(merge_")]
+    assert quoted in plain.text  # it did quote the code (which function first is a near tie)
     assert sched.num_accepted_tokens >= 0.5 * sched.num_draft_tokens
     assert drafted_steps <= 0.6 * plain_steps, (drafted_steps, plain_steps)

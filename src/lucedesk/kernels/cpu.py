@@ -53,8 +53,8 @@ def paged_attention_cpu(
 ) -> torch.Tensor:
     """Same contract as `paged_attention_torch`: decode sequences in C++ over the blocks in
     place, each block read once for all of a sequence's query rows (an int8 cache's rows and
-    scales as stored); prompt chunks through torch's SDPA (compute-bound, where oneDNN's
-    matmuls win)."""
+    scales as stored); prompt chunks against bf16 or int8 caches by the C++ flash kernel
+    where the CPU has AVX512-BF16 (csrc/prefill.h), others through torch's SDPA."""
     _check_inputs(q, k_cache, v_cache, k_scale, v_scale)
     require(q.shape[0] == meta.num_tokens, f"q has {q.shape[0]} rows, the step {meta.num_tokens}")
     require(window >= 0, f"window must be >= 0, got {window}")
@@ -81,7 +81,29 @@ def paged_attention_cpu(
             k_scale,
             v_scale,
         )
-    prefill_chunks(q, LayerKV(k_cache, v_cache, k_scale, v_scale), meta, scale, out, window, sinks)
+    if nd == meta.num_seqs:
+        return out
+    ops = load_cpu_ops()
+    cache_dtype = torch.bfloat16 if k_scale is not None else k_cache.dtype
+    flash = q.dtype == cache_dtype == torch.bfloat16 and q.shape[2] % 16 == 0
+    if flash and ops.prefill_attention_available():
+        ops.paged_prefill_attention(
+            out,
+            q,
+            k_cache,
+            v_cache,
+            meta.block_tables[nd:],
+            meta.seq_lens[nd:],
+            meta.query_start[nd:],
+            scale,
+            window,
+            sinks,
+            k_scale,
+            v_scale,
+        )
+    else:
+        kv = LayerKV(k_cache, v_cache, k_scale, v_scale)
+        prefill_chunks(q, kv, meta, scale, out, window, sinks)
     return out
 
 

@@ -347,24 +347,9 @@ void paged_decode_attention(at::Tensor out, const at::Tensor& q, const at::Tenso
   TORCH_CHECK(query_start.scalar_type() == at::kInt && query_start.is_contiguous() &&
                   query_start.dim() == 1 && query_start.size(0) >= 1,
               "paged decode attention: query_start must be contiguous int32 [S + 1]");
-  const float* sink_ptr = nullptr;
-  if (sinks.has_value()) {
-    TORCH_CHECK(sinks->scalar_type() == at::kFloat && sinks->is_contiguous() &&
-                    sinks->dim() == 1 && sinks->size(0) == q.size(1),
-                "paged decode attention: sinks must be contiguous float32 [num_heads]");
-    sink_ptr = sinks->data_ptr<float>();
-  }
+  const float* sink_ptr = attention_extras("paged decode attention", q, k_cache, v_cache, sinks,
+                                           k_scale, v_scale);
   const bool quantized = k_cache.scalar_type() == at::kChar;
-  TORCH_CHECK(quantized == k_scale.has_value() && quantized == v_scale.has_value() &&
-                  v_cache.scalar_type() == k_cache.scalar_type(),
-              "paged decode attention: an int8 cache takes k_scale and v_scale, others none");
-  if (quantized) {
-    for (const at::Tensor& s : {*k_scale, *v_scale})
-      TORCH_CHECK(s.scalar_type() == at::kFloat && s.is_contiguous() && s.dim() == 3 &&
-                      s.size(0) == k_cache.size(0) && s.size(1) == k_cache.size(1) &&
-                      s.size(2) == k_cache.size(2),
-                  "paged decode attention: scales must be contiguous float32 [kvh, blocks, bs]");
-  }
   dispatch(q.scalar_type(), [&](auto zero) {
     using scalar_t = decltype(zero);
     if (quantized) {

@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -86,6 +87,32 @@ inline __m512 sum16(const __m512* a) {
   return _mm512_permutexvar_ps(order, e);
 }
 #endif
+
+// An attention op's optional inputs, checked (`op` names it in errors): sinks, float32
+// [num_heads]; an 8-bit cache's scales, float32 [kvh, blocks, bs] for K and V, given exactly
+// when the cache is int8. Returns the sinks' data, or null.
+inline const float* attention_extras(const char* op, const at::Tensor& q,
+                                     const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                     const std::optional<at::Tensor>& sinks,
+                                     const std::optional<at::Tensor>& k_scale,
+                                     const std::optional<at::Tensor>& v_scale) {
+  const bool quantized = k_cache.scalar_type() == at::kChar;
+  TORCH_CHECK(quantized == k_scale.has_value() && quantized == v_scale.has_value() &&
+                  v_cache.scalar_type() == k_cache.scalar_type(),
+              op, ": an int8 cache takes k_scale and v_scale, others none");
+  if (quantized) {
+    for (const at::Tensor& s : {*k_scale, *v_scale})
+      TORCH_CHECK(s.scalar_type() == at::kFloat && s.is_contiguous() && s.dim() == 3 &&
+                      s.size(0) == k_cache.size(0) && s.size(1) == k_cache.size(1) &&
+                      s.size(2) == k_cache.size(2),
+                  op, ": scales must be contiguous float32 [kvh, blocks, bs]");
+  }
+  if (!sinks.has_value()) return nullptr;
+  TORCH_CHECK(sinks->scalar_type() == at::kFloat && sinks->is_contiguous() && sinks->dim() == 1 &&
+                  sinks->size(0) == q.size(1),
+              op, ": sinks must be contiguous float32 [num_heads]");
+  return sinks->data_ptr<float>();
+}
 
 // Calls f(T{}) for the activation dtypes the kernels take: float32, bfloat16, float16.
 template <typename F>

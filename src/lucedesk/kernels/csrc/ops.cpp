@@ -8,13 +8,15 @@
 // per (sequence, KV head) handles all query heads of that GQA group and all query rows of
 // the sequence (a decode with a draft has one per position, each with its own causal end),
 // so each block is read once per KV head. Every row's result depends only on that row and
-// its causal end: batching, or the other rows of its sequence, cannot change it.
+// its causal end: batching, or the other rows of its sequence, cannot change it. Prompt
+// chunks in bf16 take the flash kernel in prefill.h, with the same property.
 
 #include "attention.h"
 #include "fused.h"
 #include "int8.h"
 #include "layers.h"
 #include "lowbit.h"
+#include "prefill.h"
 
 TORCH_LIBRARY(lucedesk_cpu, m) {
   m.def(
@@ -22,6 +24,12 @@ TORCH_LIBRARY(lucedesk_cpu, m) {
       "Tensor block_tables, Tensor seq_lens, Tensor query_start, float scale, int window, "
       "Tensor? sinks, Tensor? k_scale, Tensor? v_scale) -> ()",
       &paged_decode_attention);
+  m.def(
+      "paged_prefill_attention(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, "
+      "Tensor block_tables, Tensor seq_lens, Tensor query_start, float scale, int window, "
+      "Tensor? sinks, Tensor? k_scale, Tensor? v_scale) -> ()",
+      &paged_prefill_attention);
+  m.def("prefill_attention_available() -> bool", &prefill_attention_available);
   m.def("add_rms_norm(Tensor x, Tensor? residual, Tensor weight, float eps) -> (Tensor, Tensor)",
         &add_rms_norm);
   m.def("int8_linear(Tensor x, Tensor q, Tensor d, Tensor m) -> Tensor", &int8_linear);
