@@ -97,7 +97,8 @@ async def _until_approval(pilot) -> None:
     assert [v.region.height for v in views] == [1, 1, 1]
     # rates over the last 2 s are 0 from here on, and the 2 Hz status line shows it
     await pilot.pause(2.8)
-    app.screen.set_focus(None)
+    for screen in app.screen_stack:  # the pane's input behind the dialog blinks too
+        screen.set_focus(None)
     await pilot.pause(0.1)
 
 
