@@ -22,6 +22,17 @@ struct QueryRows {
 };
 
 #if defined(LUCEDESK_AVX512BF16)
+// n (a multiple of 32) 8-bit levels as bf16, exactly (|level| <= 127 < 2^8).
+inline void levels_to_bf16(c10::BFloat16* dst, const int8_t* src, int64_t n) {
+  for (int64_t i = 0; i < n; i += 32) {
+    const __m512 lo = _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+    const __m512 hi = _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16))));
+    _mm512_storeu_si512(dst + i, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+  }
+}
+
 // scores[r] = scale * q . k_r for the `rows` (<= 16) key rows at kb, bf16 pairs multiplied
 // by vdpbf16ps straight from the cache (no widening pass), one accumulator per key row.
 inline void scores16_bf16(const c10::BFloat16* q, const c10::BFloat16* kb, int64_t rows,
@@ -91,10 +102,13 @@ inline void weigh_value_pairs(float* acc, const int32_t* ph, int64_t half, const
 //   lo: e 0-3, 8-11, 16-19, 24-27    hi: e 4-7, 12-15, 20-23, 28-31
 // of each 32-wide slice; two permutes restore it at the end. Each (i, g) sums its rows in
 // the same order whatever the other rows are: a row's result does not depend on them.
-inline void weighted_values_bf16(const float* p, int64_t stride, const QueryRows& rows_of,
-                                 int64_t group, const c10::BFloat16* vp, const int32_t* table,
-                                 int64_t head, int64_t num_blocks, int64_t bs, int64_t hd,
-                                 const float* inv_sum, c10::BFloat16* const* outs) {
+// An 8-bit cache (C = int8_t) has each block's slice of levels widened to bf16 first (exact;
+// its scales are already in p).
+template <typename C>
+void weighted_values_bf16(const float* p, int64_t stride, const QueryRows& rows_of,
+                          int64_t group, const C* vp, const int32_t* table, int64_t head,
+                          int64_t num_blocks, int64_t bs, int64_t hd, const float* inv_sum,
+                          c10::BFloat16* const* outs) {
   const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
   const __m512i second =
       _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
@@ -115,16 +129,27 @@ inline void weighted_values_bf16(const float* p, int64_t stride, const QueryRows
   // A block's value rows of this slice interleaved in pairs once, for every row and head
   // that weighs them: (lo, hi) of pair r / 2 at inter[r * 16], inter[(r + 1) * 16].
   std::vector<int32_t> inter(bs * 16);
+  std::vector<c10::BFloat16> wide(std::is_same_v<C, int8_t> ? bs * 32 : 0);
   const int64_t stop = rows_of.end[n - 1];
   for (int64_t c = 0; c < hd; c += 32) {
     std::fill(acc.begin(), acc.end(), 0.f);
     for (int64_t j0 = rows_of.begin[0]; j0 < stop; j0 += bs) {
-      const c10::BFloat16* vb = vp + ((head * num_blocks + table[j0 / bs]) * bs) * hd + c;
+      const C* block = vp + ((head * num_blocks + table[j0 / bs]) * bs) * hd + c;
       const int64_t block_rows = std::min(bs, stop - j0);
+      // The slice's rows as bf16, `row` apart: in place, or widened from 8-bit levels.
+      const c10::BFloat16* vb;
+      int64_t row;
+      if constexpr (std::is_same_v<C, int8_t>) {
+        for (int64_t r = 0; r < block_rows; ++r)
+          levels_to_bf16(wide.data() + r * 32, block + r * hd, 32);
+        vb = wide.data(), row = 32;
+      } else {
+        vb = block, row = hd;
+      }
       for (int64_t r = 0; r < block_rows; r += 2) {
-        const __m512i a = _mm512_loadu_si512(vb + r * hd);
+        const __m512i a = _mm512_loadu_si512(vb + r * row);
         const __m512i b =
-            r + 1 < block_rows ? _mm512_loadu_si512(vb + (r + 1) * hd) : _mm512_setzero_si512();
+            r + 1 < block_rows ? _mm512_loadu_si512(vb + (r + 1) * row) : _mm512_setzero_si512();
         _mm512_storeu_si512(inter.data() + r * 16, _mm512_unpacklo_epi16(a, b));
         _mm512_storeu_si512(inter.data() + (r + 1) * 16, _mm512_unpackhi_epi16(a, b));
       }
@@ -138,13 +163,13 @@ inline void weighted_values_bf16(const float* p, int64_t stride, const QueryRows
           const int32_t* ph = pairs.data() + h * half + j0 / 2;
           float* ah = acc.data() + h * 32;
           if (left >= 4) {
-            weigh_value_pairs<4>(ah, ph, half, inter.data(), vb, hd, rows);
+            weigh_value_pairs<4>(ah, ph, half, inter.data(), vb, row, rows);
           } else if (left == 3) {
-            weigh_value_pairs<3>(ah, ph, half, inter.data(), vb, hd, rows);
+            weigh_value_pairs<3>(ah, ph, half, inter.data(), vb, row, rows);
           } else if (left == 2) {
-            weigh_value_pairs<2>(ah, ph, half, inter.data(), vb, hd, rows);
+            weigh_value_pairs<2>(ah, ph, half, inter.data(), vb, row, rows);
           } else {
-            weigh_value_pairs<1>(ah, ph, half, inter.data(), vb, hd, rows);
+            weigh_value_pairs<1>(ah, ph, half, inter.data(), vb, row, rows);
           }
           h += std::min<int64_t>(left, 4);
         }
@@ -174,7 +199,10 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
                       int64_t window, const float* sinks, const float* k_scales,
                       const float* v_scales) {
   constexpr bool kQuantized = std::is_same_v<C, int8_t>;
-  constexpr bool kBf16Cache = std::is_same_v<T, c10::BFloat16> && std::is_same_v<C, T>;
+  // bf16 activations over a bf16 cache, or over an 8-bit one widened to bf16 block by block:
+  // both products by vdpbf16ps.
+  constexpr bool kBf16Path =
+      std::is_same_v<T, c10::BFloat16> && (std::is_same_v<C, T> || kQuantized);
   // q, out: [R, nh, hd] (head_dim contiguous), the query rows of S sequences; query_start:
   // [S + 1] int32, sequence s owning rows query_start[s]..query_start[s + 1] - 1; caches:
   // [kvh, num_blocks, bs, hd] contiguous; block_tables: [>=S, max_blocks] int32 contiguous;
@@ -199,6 +227,7 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
 
   at::parallel_for(0, S * kvh, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf, acc, kf(bs * hd), inv_sum, scores;
+    std::vector<c10::BFloat16> kwide(kBf16Path && kQuantized ? 16 * hd : 0);
     std::vector<T*> outs;
     QueryRows rows_of;
     for (int64_t task = begin; task < end; ++task) {
@@ -234,16 +263,27 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
       // with AVX512-BF16, dotted as stored, sixteen key rows at a time.
       bool scored = false;
 #if defined(LUCEDESK_AVX512BF16)
-      if constexpr (kBf16Cache) {
+      if constexpr (kBf16Path) {
         if (hd % 32 == 0 && bs % 16 == 0) {
           for (int64_t j0 = block_start; j0 < len; j0 += 16) {
-            const T* kb = kp + ((head * num_blocks + table[j0 / bs]) * bs + j0 % bs) * hd;
+            const int64_t key_row = (head * num_blocks + table[j0 / bs]) * bs + j0 % bs;
+            const c10::BFloat16* kb;
+            if constexpr (kQuantized) {  // sixteen keys' levels widened once for all rows
+              levels_to_bf16(kwide.data(), kp + key_row * hd, std::min<int64_t>(16, len - j0) * hd);
+              kb = kwide.data();
+            } else {
+              kb = kp + key_row * hd;
+            }
             for (int64_t i = 0; i < n; ++i) {
               if (!rows_of.walks(i, j0 / bs * bs)) continue;
               const int64_t rows = std::min<int64_t>(16, rows_of.end[i] - j0);
               if (rows <= 0) continue;
-              for (int64_t h = i * group; h < (i + 1) * group; ++h)
-                scores16_bf16(q_of(h), kb, rows, hd, fscale, scores.data() + h * len + j0);
+              for (int64_t h = i * group; h < (i + 1) * group; ++h) {
+                float* sh = scores.data() + h * len + j0;
+                scores16_bf16(q_of(h), kb, rows, hd, fscale, sh);
+                if constexpr (kQuantized)
+                  for (int64_t r = 0; r < rows; ++r) sh[r] *= k_scales[key_row + r];
+              }
             }
           }
           scored = true;
@@ -287,13 +327,17 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
         if (sinks) sum += exp_nonpositive(sink - mx);
         std::fill(sh + rows_of.begin[i], sh + first, 0.f);
         inv_sum[h] = 1.f / sum;
-        if constexpr (kQuantized) {  // each weight takes its value row's scale
-          for (int64_t j = first; j < stop; ++j)
-            sh[j] *= v_scales[(head * num_blocks + table[j / bs]) * bs + j % bs];
+        if constexpr (kQuantized) {  // each weight takes its value row's scale, block by block
+          for (int64_t j0 = first / bs * bs; j0 < stop; j0 += bs) {
+            const float* vs = v_scales + (head * num_blocks + table[j0 / bs]) * bs - j0;
+            const int64_t lo = std::max(first, j0), hi = std::min(stop, j0 + bs);
+#pragma omp simd
+            for (int64_t j = lo; j < hi; ++j) sh[j] *= vs[j];
+          }
         }
       }
 #if defined(LUCEDESK_AVX512BF16)
-      if constexpr (kBf16Cache) {
+      if constexpr (kBf16Path) {
         if (hd % 32 == 0) {
           weighted_values_bf16(scores.data(), len, rows_of, group, vp, table, head, num_blocks,
                                bs, hd, inv_sum.data(), outs.data());
