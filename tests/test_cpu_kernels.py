@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lucedesk.kernels.attention_torch import paged_attention_torch, write_kv_torch
-from lucedesk.kernels.cpu import add_rms_norm_cpu, paged_attention_cpu, rotary_cpu
+from lucedesk.kernels.cpu import add_rms_norm_cpu, paged_attention_cpu, rotary_cpu, write_kv_cpu
 from lucedesk.kernels.layers_torch import add_rms_norm_torch, rotary_torch
 from lucedesk.kernels.quantized import Int8Weight
 from tests.kernel_cases import (
@@ -206,6 +206,29 @@ def test_int8_kv_write_round_trips_within_half_a_level(dtype):
             v_scale=one_by_one[3],
         )
     assert all(torch.equal(a, b) for a, b in zip((kq, vq, ks, vs), one_by_one))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_int8_kv_write_in_cpp_equals_torch_bit_for_bit(dtype):
+    """The C++ write into an 8-bit cache gives kv_storage.quantize_rows' levels and scales,
+    from k and v as views into one fused qkv (strided rows), an all-zero row included."""
+    g = torch.Generator().manual_seed(7)
+    kvh, num_blocks, block_size, hd, tokens = 2, 10, 16, 64, 37
+    qkv = torch.randn(tokens, (4 + 2 * kvh) * hd, generator=g) * 5
+    qkv[:, ::7] = torch.round(qkv[:, ::7])  # some values on exact level boundaries
+    qkv = qkv.to(dtype)
+    k = qkv[:, 4 * hd : (4 + kvh) * hd].view(tokens, kvh, hd)
+    v = qkv[:, (4 + kvh) * hd :].view(tokens, kvh, hd)
+    k[5] = 0
+    slots = torch.randperm(num_blocks * block_size, generator=g)[:tokens]
+    shape = (kvh, num_blocks, block_size, hd)
+    written = []
+    for write in (write_kv_torch, write_kv_cpu):
+        caches = [torch.zeros(shape, dtype=torch.int8) for _ in range(2)]
+        scales = [torch.full(shape[:3], -1.0) for _ in range(2)]
+        write(k, v, *caches, slots, k_scale=scales[0], v_scale=scales[1])
+        written.append(caches + scales)
+    assert all(torch.equal(a, b) for a, b in zip(*written))
 
 
 def test_int8_caches_need_their_scales():

@@ -75,6 +75,7 @@ def get_kernels(name: str) -> Kernels:
             add_rms_norm_cpu,
             paged_attention_cpu,
             rotary_cpu,
+            write_kv_cpu,
         )
         from lucedesk.kernels.cpu_build import KernelUnavailable, load_cpu_ops
 
@@ -86,7 +87,7 @@ def get_kernels(name: str) -> Kernels:
         # grouped C++ pass (kernels/quantized.py).
         return Kernels(
             "cpu",
-            write_kv_torch,
+            write_kv_cpu,
             paged_attention_cpu,
             add_rms_norm_cpu,
             rotary_cpu,

@@ -1,13 +1,14 @@
 """CPU kernels in C++ (`csrc/`, built by `cpu_build`): paged decode attention that reads KV
-blocks in place, fused residual-add + RMSNorm and in-place rotary embedding, each behind a
-wrapper that checks its arguments, and a dense layer's halves as one call each
-(`FusedLayerCalls`). The quantized weights' matmuls are in `quantized`."""
+blocks in place, prompt chunks as flash attention, the quantizing write into an 8-bit
+cache, fused residual-add + RMSNorm and in-place rotary embedding, each behind a wrapper
+that checks its arguments, and a dense layer's halves as one call each (`FusedLayerCalls`).
+The quantized weights' matmuls are in `quantized`."""
 
 from __future__ import annotations
 
 import torch
 
-from lucedesk.kernels.attention_torch import prefill_chunks
+from lucedesk.kernels.attention_torch import prefill_chunks, write_kv_torch
 from lucedesk.kernels.checks import check_norm_args, check_rotary_args, require
 from lucedesk.kernels.cpu_build import load_cpu_ops
 from lucedesk.kernels.kv_storage import LayerKV, check_scales
@@ -105,6 +106,24 @@ def paged_attention_cpu(
         kv = LayerKV(k_cache, v_cache, k_scale, v_scale)
         prefill_chunks(q, kv, meta, scale, out, window, sinks)
     return out
+
+
+def write_kv_cpu(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> None:
+    """`write_kv_torch`'s contract; into an 8-bit cache each row is quantized in C++, to the
+    bits of `kv_storage.quantize_rows` (one call, not a dozen torch ops a layer)."""
+    check_scales(k_cache, v_cache, k_scale, v_scale)
+    if k_scale is None or v_scale is None or k.stride(2) != 1 or v.stride(2) != 1:
+        write_kv_torch(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+        return
+    load_cpu_ops().write_kv_int8(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping)
 
 
 def add_rms_norm_cpu(

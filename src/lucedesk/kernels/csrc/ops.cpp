@@ -14,6 +14,7 @@
 #include "attention.h"
 #include "fused.h"
 #include "int8.h"
+#include "kv_write.h"
 #include "layers.h"
 #include "lowbit.h"
 #include "prefill.h"
@@ -30,6 +31,10 @@ TORCH_LIBRARY(lucedesk_cpu, m) {
       "Tensor? sinks, Tensor? k_scale, Tensor? v_scale) -> ()",
       &paged_prefill_attention);
   m.def("prefill_attention_available() -> bool", &prefill_attention_available);
+  m.def(
+      "write_kv_int8(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+      "Tensor(c!) k_scale, Tensor(d!) v_scale, Tensor slot_mapping) -> ()",
+      &write_kv_int8);
   m.def("add_rms_norm(Tensor x, Tensor? residual, Tensor weight, float eps) -> (Tensor, Tensor)",
         &add_rms_norm);
   m.def("int8_linear(Tensor x, Tensor q, Tensor d, Tensor m) -> Tensor", &int8_linear);
