@@ -64,7 +64,7 @@ def test_prompt_chunks_over_an_8_bit_cache_match_reference(case):
     torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
 
 
-def _chunked(q, k_cache, v_cache, table, cuts, scale, window, sink, beside=None):
+def _chunked(q, k_cache, v_cache, table, cuts, scale, window, sink, beside=None, scales=()):
     """Rows 0..len(q)-1 of one prompt, prefilled in pieces ending at `cuts`; `beside`: the
     caches' other sequence (cached, new) in the same step, its rows discarded."""
     block_size = k_cache.shape[2]
@@ -79,14 +79,16 @@ def _chunked(q, k_cache, v_cache, table, cuts, scale, window, sink, beside=None)
         step_q = q[start:end]
         if beside is not None:
             step_q = torch.cat([step_q, torch.randn(beside[1], *q.shape[1:]).bfloat16()])
-        out = paged_attention_cpu(step_q, k_cache, v_cache, meta, scale, window, sink)
+        out = paged_attention_cpu(step_q, k_cache, v_cache, meta, scale, window, sink, *scales)
         rows.append(out[: end - start])
         start = end
     return torch.cat(rows)
 
 
-@pytest.mark.parametrize("window,sinks", [(0, False), (100, True), (64, False)])
-def test_a_prompt_row_is_the_same_in_any_chunk(window, sinks):
+@pytest.mark.parametrize(
+    "window,sinks,cache", [(0, False, "bf16"), (100, True, "bf16"), (64, False, "int8")]
+)
+def test_a_prompt_row_is_the_same_in_any_chunk(window, sinks, cache):
     """Spans sit at fixed positions and a row skips those it sees nothing of, so chunking
     and the step's other sequences cannot change a row's bits."""
     length, heads, kv_heads, head_dim = 700, 8, 2, 64
@@ -96,10 +98,13 @@ def test_a_prompt_row_is_the_same_in_any_chunk(window, sinks):
     q = torch.randn(length, heads, head_dim, generator=g).bfloat16()
     table = list(range(0, 2 * 44, 2))  # every other block: scattered in the pool
     sink = random_sinks(heads, 3) if sinks else None
+    scales = ()
+    if cache == "int8":
+        (k_cache, v_cache, *scales), _ = int8_caches(k_cache, v_cache)
     args = (q, k_cache, v_cache, table)
-    whole = _chunked(*args, [length], 0.125, window, sink)
+    whole = _chunked(*args, [length], 0.125, window, sink, scales=scales)
     for cuts, beside in (([256, 600, 700], None), ([1, 65, 333, 700], (40, 30))):
-        assert torch.equal(_chunked(*args, cuts, 0.125, window, sink, beside), whole)
+        assert torch.equal(_chunked(*args, cuts, 0.125, window, sink, beside, scales), whole)
 
 
 def test_the_op_checks_its_arguments():
@@ -117,6 +122,13 @@ def test_the_op_checks_its_arguments():
         ops.paged_prefill_attention(
             q.clone(), q, k_cache, v_cache, *args[:5], torch.zeros(3), *args[6:]
         )
+    past_q = torch.tensor([0, 6], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="past q's rows"):
+        ops.paged_prefill_attention(q.clone(), q, k_cache, v_cache, *args[:2], past_q, *args[3:])
+    outside = meta.block_tables.clone()
+    outside[0, 0] = 10
+    with pytest.raises(RuntimeError, match="block 10 out of range"):
+        ops.paged_prefill_attention(q.clone(), q, k_cache, v_cache, outside, *args[1:])
     with pytest.raises(RuntimeError, match="k_scale and v_scale"):
         ops.paged_prefill_attention(
             q.clone(), q, k_cache.to(torch.int8), v_cache.to(torch.int8), *args

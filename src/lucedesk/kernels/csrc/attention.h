@@ -329,10 +329,10 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
         inv_sum[h] = 1.f / sum;
         if constexpr (kQuantized) {  // each weight takes its value row's scale, block by block
           for (int64_t j0 = first / bs * bs; j0 < stop; j0 += bs) {
-            const float* vs = v_scales + (head * num_blocks + table[j0 / bs]) * bs - j0;
+            const float* vs = v_scales + (head * num_blocks + table[j0 / bs]) * bs;
             const int64_t lo = std::max(first, j0), hi = std::min(stop, j0 + bs);
 #pragma omp simd
-            for (int64_t j = lo; j < hi; ++j) sh[j] *= vs[j];
+            for (int64_t j = lo; j < hi; ++j) sh[j] *= vs[j - j0];
           }
         }
       }

@@ -1,6 +1,7 @@
 // The KV write into an 8-bit cache (kv_storage.py's layout): each new token's row of each
-// KV head quantized on its own, as kv_storage.quantize_rows does it in torch, to the bit:
-// scale = absmax / 127 (0 for an all-zero row), level = floor(x / scale + 0.5) in -127..127.
+// KV head quantized on its own, as kv_storage.quantize_rows does it in torch, to the bit for
+// finite rows: scale = absmax / 127 (0 for an all-zero row), level = floor(x / scale + 0.5)
+// in -127..127. (A row holding NaN or infinity is garbage either way; its levels may differ.)
 #pragma once
 
 #include "common.h"

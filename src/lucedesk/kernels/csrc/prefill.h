@@ -110,7 +110,8 @@ inline void span_values(const uint32_t* p, const uint32_t* values, int64_t hd, f
 // for one KV head, in the layouts above; positions at or past the sequence's end are zero.
 struct PairTiles {
   int64_t start = 0, spans = 0;
-  std::vector<uint32_t> keys, values;  // [spans * 4][half][16], [spans][hd / 16][32][16]
+  std::vector<uint32_t> keys;    // [spans * 4][half][16] pairs
+  std::vector<uint16_t> values;  // [spans][hd / 16][32][16] pairs, as bf16 halves
 };
 
 // A cache row of one head as bf16 bits: as stored, or an 8-bit cache's levels times their
@@ -128,7 +129,7 @@ void pack_pairs(PairTiles& tiles, const C* k_cache, const C* v_cache, const floa
                 const float* v_scales, const int32_t* table, int64_t head, int64_t num_blocks,
                 int64_t bs, int64_t hd, int64_t len, int64_t tile_begin, int64_t tile_end) {
   const int64_t half = hd / 2;
-  uint16_t* values = reinterpret_cast<uint16_t*>(tiles.values.data());
+  uint16_t* values = tiles.values.data();
   std::vector<uint16_t> krow(hd), vrow_bits(hd);
   for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
     uint32_t* kt = tiles.keys.data() + tile * half * 16;
@@ -143,8 +144,7 @@ void pack_pairs(PairTiles& tiles, const C* k_cache, const C* v_cache, const floa
         cache_row_bits(krow.data(), k_cache + row * hd, hd, k_scales + row);
         cache_row_bits(vrow_bits.data(), v_cache + row * hd, hd, v_scales + row);
       }
-      const uint32_t* kpairs = reinterpret_cast<const uint32_t*>(krow.data());
-      for (int64_t c = 0; c < half; ++c) kt[c * 16 + k] = kpairs[c];
+      for (int64_t c = 0; c < half; ++c) std::memcpy(kt + c * 16 + k, krow.data() + 2 * c, 4);
       for (int64_t e = 0; e < hd; ++e) vrow[(e / 16 * kSpan / 2 * 16 + e % 16) * 2] = vrow_bits[e];
     }
   }
@@ -190,7 +190,7 @@ void prefill_attention_bf16(at::Tensor& out, const at::Tensor& q, const at::Tens
       PairTiles& t = tiles[s * kvh + h];
       t.start = start, t.spans = n > 0 ? spans : 0;
       t.keys.resize(t.spans * kSpan * half);
-      t.values.resize(t.spans * kSpan * half);
+      t.values.resize(t.spans * kSpan * hd);
       tile_offset[s * kvh + h + 1] = tile_offset[s * kvh + h] + t.spans * 4;
       for (int64_t v0 = 0; v0 < n * group; v0 += kTaskRows) {
         const int64_t last = std::min(n * group, v0 + kTaskRows) - 1;
@@ -243,7 +243,8 @@ void prefill_attention_bf16(at::Tensor& out, const at::Tensor& q, const at::Tens
       for (int64_t sp = first_span; sp < end_span; ++sp) {
         const int64_t k0 = kv.start + sp * kSpan;
         const uint32_t* keys = kv.keys.data() + sp * kSpan * half;
-        const uint32_t* values = kv.values.data() + sp * kSpan * half;
+        const uint32_t* values =  // read by vector loads only
+            reinterpret_cast<const uint32_t*>(kv.values.data()) + sp * kSpan * half;
         for (int64_t r = 0; r < quads * 4; r += 4)
           span_scores(qbuf.data() + r * half, keys, half, scores.data() + r * kSpan);
         // The online softmax: each row's running max m and sum l, its output rescaled when
@@ -350,6 +351,24 @@ void paged_prefill_attention(at::Tensor out, const at::Tensor& q, const at::Tens
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && block_tables.is_contiguous() &&
                   block_tables.dim() == 2 && block_tables.size(0) >= query_start.size(0) - 1,
               "paged prefill attention: block_tables must be contiguous int32 [>= C, blocks]");
+  // Each chunk's rows lie in q, it fits its sequence, and the blocks it reads are the pool's.
+  const int32_t* starts = query_start.data_ptr<int32_t>();
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  const int64_t chunks = query_start.size(0) - 1, bs = k_cache.size(2);
+  TORCH_CHECK(starts[0] >= 0 && starts[chunks] <= q.size(0),
+              "paged prefill attention: query_start runs past q's rows");
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t n = starts[c + 1] - starts[c], len = lens[c];
+    TORCH_CHECK(n >= 0 && n <= len && len <= block_tables.size(1) * bs,
+                "paged prefill attention: chunk ", c, " has ", n, " rows of ", len,
+                " tokens, which its block table cannot hold");
+    for (int64_t b = 0; b < (len + bs - 1) / bs; ++b) {
+      const int32_t block = tables[c * block_tables.size(1) + b];
+      TORCH_CHECK(block >= 0 && block < k_cache.size(1), "paged prefill attention: block ",
+                  block, " out of range");
+    }
+  }
 #if defined(LUCEDESK_AVX512BF16)
   if (quantized)
     prefill_attention_bf16<int8_t>(out, q, k_cache, v_cache, block_tables, seq_lens, query_start,
