@@ -1,8 +1,9 @@
 """One decode step of one stream on the CPU kernels against its bandwidth floor: the model's
 forward and LM head on one row at a given context, timed over many steps, beside the time
 it takes this machine to read the step's weight bytes once (a memory-bound sum over a
-buffer larger than the caches). Layers' fused calls on and off alternate in one run, so
-the ratio between them is not the machine's drift.
+buffer larger than the caches). Three ways alternate in one run, so the ratios between
+them are not the machine's drift: all layers as one C++ call (the layer stack), each
+layer's fused calls from Python, and the separate calls.
 
     python bench/cpu_step.py [--model PATH] [--context 256] [--rounds 6] [--steps 100]
 """
@@ -46,7 +47,7 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="a GGUF file (default: the default model)")
     parser.add_argument("--profile", default="cpu")
     parser.add_argument("--context", type=int, default=256, help="tokens already cached")
-    parser.add_argument("--rounds", type=int, default=6, help="fused / separate alternations")
+    parser.add_argument("--rounds", type=int, default=6, help="alternations of the ways")
     parser.add_argument("--steps", type=int, default=100, help="steps timed per round")
     args = parser.parse_args()
 
@@ -68,11 +69,13 @@ def main() -> None:
 
     fused = [(layer.fused_input, layer.fused_mlp) for layer in model.layers]
     num_fused = sum(a is not None and b is not None for a, b in fused)
+    stack = model.stack
 
-    def timed(with_fused: bool) -> float:
+    def timed(way: str) -> float:
+        model.stack = stack if way == "stack" else None
         for layer, (first, second) in zip(model.layers, fused):
-            layer.fused_input = first if with_fused else None
-            layer.fused_mlp = second if with_fused else None
+            layer.fused_input = first if way != "separate" else None
+            layer.fused_mlp = second if way != "separate" else None
         for _ in range(5):
             step()
         times = []
@@ -82,15 +85,16 @@ def main() -> None:
             times.append(time.perf_counter() - start)
         return statistics.median(times)
 
-    on, off, bandwidth = [], [], []
+    ways = ["stack", "fused", "separate"] if stack is not None else ["fused", "separate"]
+    steps: dict[str, list[float]] = {way: [] for way in ways}
+    bandwidth = []
     for _ in range(args.rounds):
-        off.append(timed(False))
-        on.append(timed(True))
+        for way in ways:
+            steps[way].append(timed(way))
         bandwidth.append(read_bandwidth())
     nbytes = weight_bytes(model)
     rate = statistics.median(bandwidth)
     floor = nbytes / rate
-    fused_step, separate_step = statistics.median(on), statistics.median(off)
     print(
         f"{path.name}: weights {model.weight_format}, kernels {runner.kernels.name}, "
         f"{num_fused} of {len(model.layers)} layers fused, context {args.context}"
@@ -98,9 +102,12 @@ def main() -> None:
     print(f"weight bytes a step: {nbytes / 1e6:.1f} MB; read bandwidth {rate / 1e9:.1f} GB/s")
     print("| | ms a step (median) | x floor |\n|---|---:|---:|")
     print(f"| floor | {floor * 1e3:.2f} | 1.00 |")
-    for label, value in (("fused calls", fused_step), ("separate calls", separate_step)):
-        print(f"| {label} | {value * 1e3:.2f} | {value / floor:.2f} |")
-    print(f"fused / separate: {fused_step / separate_step:.2f}")
+    labels = {"stack": "layer stack", "fused": "fused calls", "separate": "separate calls"}
+    medians = {way: statistics.median(times) for way, times in steps.items()}
+    for way, value in medians.items():
+        print(f"| {labels[way]} | {value * 1e3:.2f} | {value / floor:.2f} |")
+    for way in ways[:-1]:
+        print(f"{labels[way]} / separate calls: {medians[way] / medians['separate']:.2f}")
 
 
 if __name__ == "__main__":

@@ -5,15 +5,20 @@ engines on a 4-bit file and on each family's tiny model, token for token."""
 
 from __future__ import annotations
 
+from dataclasses import astuple
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from lucedesk.engine.models.decoder import CausalAttention
 from lucedesk.engine.models.loader import load_model
+from lucedesk.engine.runner import PagedAttention
 from lucedesk.kernels.attention_torch import write_kv_torch
 from lucedesk.kernels.cpu import FusedLayerCalls, add_rms_norm_cpu, rotary_cpu
+from lucedesk.kernels.kv_storage import LayerKV
 from lucedesk.kernels.layers_torch import rms_norm
+from lucedesk.kernels.metadata import AttentionMetadata
 from lucedesk.kernels.quantized import LowBitWeight
 from tests.engine_harness import make_engine, random_jobs, run_jobs
 from tests.gguf_writer import write_gguf
@@ -106,6 +111,7 @@ def fused_layers(model) -> list[tuple[object, object]]:
 
 
 def without_fused_calls(model) -> None:
+    model.stack = None
     for layer in model.layers:
         layer.fused_input = layer.fused_mlp = None
 
@@ -118,6 +124,7 @@ def test_an_engine_on_fused_calls_gives_the_tokens_of_separate_calls(four_bit_gg
     engine = make_engine(loaded, kernels="cpu", weights="q4", max_slots=4, kv_pool_tokens=4096)
     calls = fused_layers(loaded.model)
     assert all(a and b for a, b in calls), "the 4-bit layers take the fused calls"
+    assert loaded.model.stack is not None, "...and the model runs them as one stack"
     fused_tokens = run_jobs(engine, jobs)
     ids = torch.randint(0, loaded.config.vocab_size, (19,), generator=torch.Generator())
     with torch.inference_mode():
@@ -125,9 +132,66 @@ def test_an_engine_on_fused_calls_gives_the_tokens_of_separate_calls(four_bit_gg
         without_fused_calls(loaded.model)
         separate_hidden = loaded.model(ids, torch.arange(19), CausalAttention(loaded.config))
     engine = make_engine(loaded, kernels="cpu", weights="q4", max_slots=4, kv_pool_tokens=4096)
+    loaded.model.stack = None  # the fused calls layer by layer
+    assert run_jobs(engine, jobs) == fused_tokens
+    engine = make_engine(loaded, kernels="cpu", weights="q4", max_slots=4, kv_pool_tokens=4096)
     without_fused_calls(loaded.model)
     assert run_jobs(engine, jobs) == fused_tokens
     assert torch.equal(fused_hidden, separate_hidden)
+
+
+def random_caches(caches, g: torch.Generator) -> None:
+    """Every cache row random: the context the step's rows attend to."""
+    for kv in caches:
+        for t in (kv.k, kv.v):
+            if t.dtype == torch.int8:
+                t.copy_(torch.randint(-127, 128, t.shape, generator=g, dtype=torch.int8))
+            else:
+                t.copy_(torch.randn(t.shape, generator=g))
+        for s in (kv.k_scale, kv.v_scale):
+            if s is not None:
+                s.copy_(torch.rand(s.shape, generator=g) * 0.05)
+
+
+@pytest.mark.parametrize("kv_dtype", ["dtype", "int8"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_the_layer_stack_gives_the_bits_of_the_calls_layer_by_layer(tiny_models, arch, kv_dtype):
+    """One step of two decodes beside two prompt chunks (one fresh, one continuing), a
+    window and sinks on the first layer: the stack's hidden states and every cache row it
+    writes are those of the per-layer calls."""
+    loaded = load_model(tiny_models[arch], torch.bfloat16)
+    make_engine(loaded, kernels="cpu", weights="int8", max_slots=4, kv_pool_tokens=2048,
+                kv_dtype=kv_dtype)  # fmt: skip
+    runner_model = loaded.model
+    first = runner_model.layers[0]
+    first.window, first.sinks = 9, torch.randn(loaded.config.num_heads)
+    runner_model.use_kernels(runner_model.kernels)  # the stack takes the window and sinks
+    stack = runner_model.stack
+    assert stack is not None
+    g = torch.Generator().manual_seed(len(arch))
+    block_size, kv_heads, hd = 16, loaded.config.num_kv_heads, loaded.config.head_dim
+    shape = (kv_heads, 40, block_size, hd)
+    caches = [LayerKV.allocate(shape, torch.bfloat16, kv_dtype, "cpu") for _ in range(2)]
+    random_caches(caches, g)
+    query_lens, seq_lens = [1, 1, 20, 17], [30, 45, 20, 57]
+    tables = [list(range(i * 10, i * 10 + 10)) for i in range(4)]
+    meta = AttentionMetadata.build(query_lens, seq_lens, tables, block_size, 2)
+    positions = torch.cat([torch.arange(s - q, s) for q, s in zip(query_lens, seq_lens)])
+    ids = torch.randint(0, loaded.config.vocab_size, (len(positions),), generator=g)
+    kernels = runner_model.kernels
+    assert stack.takes(torch.empty(1).bfloat16(), caches, meta)
+    results = []
+    for use_stack in (True, False):
+        runner_model.stack = stack if use_stack else None
+        step_caches = [LayerKV(*(None if t is None else t.clone() for t in astuple(kv)))
+                       for kv in caches]  # fmt: skip
+        attention = PagedAttention(kernels, step_caches, meta, loaded.config.attention_scale)
+        with torch.inference_mode():
+            results.append((runner_model(ids, positions, attention), step_caches))
+    (hidden, stacked), (want_hidden, layered) = results
+    assert torch.equal(hidden, want_hidden)
+    for a, b in zip(stacked, layered):
+        assert all(torch.equal(x, y) for x, y in zip(astuple(a), astuple(b)) if x is not None)
 
 
 # Which halves each family's tiny model fuses: qkv bias (qwen2) and q/k norms (qwen3) in the

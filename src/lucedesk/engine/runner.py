@@ -60,6 +60,9 @@ class PagedAttention:
         scales = {"k_scale": kv.k_scale, "v_scale": kv.v_scale}
         return self.kernels.attention(q, kv.k, kv.v, self.meta, self.scale, window, sinks, **scales)
 
+    def stack_inputs(self) -> tuple[list[LayerKV], AttentionMetadata, float]:
+        return self.caches, self.meta, self.scale
+
 
 class TorchSeqEngine:
     def __init__(

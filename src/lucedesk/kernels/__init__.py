@@ -37,6 +37,8 @@ class Kernels(NamedTuple):
     grouped_linear: Callable[..., torch.Tensor]
     # A dense layer's halves around attention as one call each (cpu.FusedLayerCalls), or None
     fused: Any = None
+    # A dense model's layers as one call a step (cpu_stack.DenseStack), or None
+    stack: type | None = None
 
 
 def resolve_kernels(name: str, device: torch.device) -> str:
@@ -78,6 +80,7 @@ def get_kernels(name: str) -> Kernels:
             write_kv_cpu,
         )
         from lucedesk.kernels.cpu_build import KernelUnavailable, load_cpu_ops
+        from lucedesk.kernels.cpu_stack import DenseStack
 
         try:
             load_cpu_ops()
@@ -93,6 +96,7 @@ def get_kernels(name: str) -> Kernels:
             rotary_cpu,
             grouped_linear_torch,
             FusedLayerCalls(),
+            DenseStack,
         )
     if name == "triton":
         try:

@@ -6,6 +6,8 @@ The quantized weights' matmuls are in `quantized`."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from lucedesk.kernels.attention_torch import prefill_chunks, write_kv_torch
@@ -39,6 +41,19 @@ def _check_inputs(
     require(q.shape[1] % k_cache.shape[0] == 0, "query heads must be a multiple of KV heads")
     require(q.stride(2) == 1, "q's head_dim must be contiguous")
     require(k_cache.is_contiguous() and v_cache.is_contiguous(), "caches must be contiguous")
+
+
+@functools.cache
+def flash_prefill_available() -> bool:
+    """Whether this CPU runs the C++ flash kernel for prompt chunks (asked once)."""
+    return bool(load_cpu_ops().prefill_attention_available())
+
+
+def flash_prefill_takes(q_dtype: torch.dtype, cache_dtype: torch.dtype, head_dim: int) -> bool:
+    """Prompt chunks of q_dtype over a cache holding cache_dtype (bfloat16 for an 8-bit
+    cache: its rows are widened to it) go through the flash kernel."""
+    flash = q_dtype == cache_dtype == torch.bfloat16 and head_dim % 16 == 0
+    return flash and flash_prefill_available()
 
 
 def paged_attention_cpu(
@@ -84,11 +99,9 @@ def paged_attention_cpu(
         )
     if nd == meta.num_seqs:
         return out
-    ops = load_cpu_ops()
     cache_dtype = torch.bfloat16 if k_scale is not None else k_cache.dtype
-    flash = q.dtype == cache_dtype == torch.bfloat16 and q.shape[2] % 16 == 0
-    if flash and ops.prefill_attention_available():
-        ops.paged_prefill_attention(
+    if flash_prefill_takes(q.dtype, cache_dtype, q.shape[2]):
+        load_cpu_ops().paged_prefill_attention(
             out,
             q,
             k_cache,

@@ -25,7 +25,9 @@ from torch import nn
 from lucedesk.engine.models.config import FULL, SLIDING, ModelConfig, rope_inv_freq
 from lucedesk.engine.models.moe import DenseMLP, MoEBlock
 from lucedesk.kernels import Kernels, get_kernels
+from lucedesk.kernels.kv_storage import LayerKV
 from lucedesk.kernels.layers_torch import rms_norm
+from lucedesk.kernels.metadata import AttentionMetadata
 
 
 class Attention(Protocol):
@@ -58,6 +60,11 @@ class Attention(Protocol):
     ) -> torch.Tensor:
         """`__call__` once the step's K/V rows are in the rows `cache_rows` named (called
         only where it named some)."""
+        ...
+
+    def stack_inputs(self) -> tuple[list[LayerKV], AttentionMetadata, float] | None:
+        """(every layer's caches, the step's metadata, the softmax scale) for a model that
+        runs its layers as one kernel call (`Kernels.stack`); None: per layer only."""
         ...
 
 
@@ -121,6 +128,8 @@ class DecoderModel(nn.Module):
             )
         self.rotary = {FULL: full, SLIDING: local}
         self.kernels: Kernels = get_kernels("torch")
+        # All layers as one call a step (the kernels' DenseStack), where they take it.
+        self.stack: Any = None
         self.weight_format = "dtype"  # or "int8" / "q4" after quantize()
         # A GGUF file's 4-bit blocks of one projection (see GGUFFile.four_bit), for "q4".
         self.four_bit_source: FourBitSource | None = None
@@ -137,9 +146,30 @@ class DecoderModel(nn.Module):
         self._fuse()
 
     def _fuse(self) -> None:
-        """Each layer whose shape and weights the kernels' fused calls take runs them."""
+        """Each layer whose shape and weights the kernels' fused calls take runs them; where
+        every layer takes them for both halves, the kernels' stack runs all layers as one
+        call a step."""
         for layer in self.layers:
             layer.use_fused(self.kernels, self.dtype)
+        self.stack = self._layer_stack()
+
+    def _layer_stack(self) -> Any:
+        c, stack_type, layers = self.config, self.kernels.stack, list(self.layers)
+        fused = all(layer.fused_input and layer.fused_mlp for layer in layers)
+        if stack_type is None or c.sandwich_norms or not fused:
+            return None
+        weights = [tuple(layer.quantized.get(n) for n in PROJECTIONS) for layer in layers]
+        held = [w for ws in weights for w in ws]
+        if not self.kernels.fused.accepts(*held) or len({w.vector for w in held}) != 1:
+            return None
+        stack = stack_type(c.rms_norm_eps, c.num_heads, c.num_kv_heads, held[0].vector)
+        for i, (layer, ws) in enumerate(zip(layers, weights)):
+            stack.add_layer(
+                layer.attn_norm, layer.ffn_norm, ws, layer.window, c.layer_type(i) != FULL,
+                layer.qkv_bias, layer.o_bias,
+                (layer.q_norm, layer.k_norm) if c.qk_norm else None, layer.sinks,
+            )  # fmt: skip
+        return stack
 
     def projection_weights(self) -> list[torch.Tensor]:
         """Every dense matmul weight `quantize` would convert, the LM head last."""
@@ -179,6 +209,10 @@ class DecoderModel(nn.Module):
             if self.rotary[SLIDING] is self.rotary[FULL]
             else self.rotary[SLIDING](positions)
         )
+        stack = attention.stack_inputs() if self.stack is not None else None
+        if stack is not None and self.stack.takes(x, *stack[:2]):
+            (cos, sin), (local_cos, local_sin) = tables[FULL], tables[SLIDING]
+            return self.stack(x, (cos, sin, local_cos, local_sin), *stack)
         residual = None
         for i, layer in enumerate(self.layers):
             cos, sin = tables[c.layer_type(i)]
@@ -360,3 +394,6 @@ class CausalAttention:
 
     def cache_rows(self, layer_idx: int, dtype: torch.dtype) -> None:
         return None  # no cache: k and v come with each call
+
+    def stack_inputs(self) -> None:
+        return None  # no paged caches

@@ -18,6 +18,7 @@
 #include "layers.h"
 #include "lowbit.h"
 #include "prefill.h"
+#include "stack.h"
 
 TORCH_LIBRARY(lucedesk_cpu, m) {
   m.def(
@@ -64,4 +65,8 @@ TORCH_LIBRARY(lucedesk_cpu, m) {
       "Tensor gu_m, int gu_bits, Tensor? gu_lut, Tensor down_q, Tensor down_d, Tensor down_m, "
       "int down_bits, Tensor? down_lut, bool vector) -> (Tensor, Tensor)",
       &gated_mlp);
+  m.class_<DenseStack>("DenseStack")
+      .def(torch::init<double, int64_t, int64_t, bool>())
+      .def("add_layer", &DenseStack::add_layer)
+      .def("forward", &DenseStack::forward);
 }

@@ -1,0 +1,80 @@
+"""A dense model's decoder layers as one C++ call a step (csrc/stack.h): per layer the
+fused attention input, the K/V write, paged attention, the o projection and the fused MLP,
+the functions the per-layer calls run, in their order on their values, so the hidden
+states are theirs bit for bit. It takes a step when all of its attention runs in C++:
+caches on the CPU in the activations' dtype or 8-bit, and prompt chunks only where the
+flash kernel takes them (bfloat16, head_dim a multiple of 16, AVX512-BF16)."""
+
+from __future__ import annotations
+
+import torch
+
+from lucedesk.kernels.checks import require
+from lucedesk.kernels.cpu import flash_prefill_takes
+from lucedesk.kernels.cpu_build import load_cpu_ops
+from lucedesk.kernels.kv_storage import LayerKV
+from lucedesk.kernels.metadata import AttentionMetadata
+from lucedesk.kernels.quantized import LowBitWeight
+
+
+class DenseStack:
+    """Built once per model (`add_layer` per layer, in order), called once per step."""
+
+    def __init__(self, eps: float, num_heads: int, num_kv_heads: int, vector: bool) -> None:
+        load_cpu_ops()  # registers the class
+        self.vector = vector
+        self.num_layers = 0
+        self._stack = torch.classes.lucedesk_cpu.DenseStack(eps, num_heads, num_kv_heads, vector)
+
+    def add_layer(
+        self,
+        attn_norm: torch.Tensor,
+        ffn_norm: torch.Tensor,
+        weights: tuple[LowBitWeight, LowBitWeight, LowBitWeight, LowBitWeight],
+        window: int,
+        local: bool,
+        qkv_bias: torch.Tensor | None = None,
+        o_bias: torch.Tensor | None = None,
+        qk_norms: tuple[torch.Tensor, torch.Tensor] | None = None,
+        sinks: torch.Tensor | None = None,
+    ) -> None:
+        """weights: qkv, o, gate|up, down; `local` layers take the local rotary table."""
+        require(
+            all(isinstance(w, LowBitWeight) and w.vector == self.vector for w in weights),
+            "a dense stack's weights are low-bit, all on the stack's path",
+        )
+        require(sinks is None or sinks.dtype == torch.float32, "sinks must be float32")
+        q_norm, k_norm = qk_norms if qk_norms is not None else (None, None)
+        self._stack.add_layer(
+            attn_norm, ffn_norm, *([w.q, w.d, w.m] for w in weights), [w.bits for w in weights],
+            [w.lut for w in weights], [qkv_bias, o_bias, q_norm, k_norm, sinks], window, local,
+        )  # fmt: skip
+        self.num_layers += 1
+
+    @staticmethod
+    def takes(x: torch.Tensor, caches: list[LayerKV], meta: AttentionMetadata) -> bool:
+        """Whether the whole step's attention runs in C++ (see the module's note)."""
+        kv = caches[0]
+        if x.dtype != torch.bfloat16 or kv.k.device.type != "cpu":
+            return False
+        if kv.k_scale is None and kv.k.dtype != x.dtype:
+            return False
+        prompt_chunks = meta.num_decodes < meta.num_seqs
+        return not prompt_chunks or flash_prefill_takes(x.dtype, torch.bfloat16, kv.k.shape[3])
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        tables: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+        caches: list[LayerKV],
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """x [T, H] embeddings -> the last layer's x + residual [T, H]. tables: cos, sin
+        for global layers, then for local ones ([T, head_dim] each)."""
+        require(len(caches) == self.num_layers, "a dense stack takes one cache per layer")
+        return self._stack.forward(
+            x, *tables, [kv.k for kv in caches], [kv.v for kv in caches],
+            [kv.k_scale for kv in caches], [kv.v_scale for kv in caches], meta.slot_mapping,
+            meta.block_tables, meta.seq_lens, meta.query_start, meta.num_decodes, scale,
+        )  # fmt: skip
