@@ -58,17 +58,18 @@ inline void scores16_bf16(const c10::BFloat16* q, const c10::BFloat16* kb, int64
   _mm512_mask_storeu_ps(scores, static_cast<__mmask16>((1u << rows) - 1), s);
 }
 // acc[k] += the first `rows` value rows of a block (one 32-wide slice) weighed by heads
-// k < H's probability pairs (ph + k * half): (lo, hi) of head k at acc + k * 32. Pairs of
+// k < H's probability pairs (ph + k * half): (lo, hi) of head k at acc + k * step. Pairs of
 // rows come interleaved in `inter`; a row count that ends mid-pair pairs its last row
 // with zeros, as a one-row decode does at its context's end.
 template <int H>
-inline void weigh_value_pairs(float* acc, const int32_t* ph, int64_t half, const int32_t* inter,
-                              const c10::BFloat16* vb, int64_t hd, int64_t rows) {
+inline void weigh_value_pairs(float* acc, int64_t step, const int32_t* ph, int64_t half,
+                              const int32_t* inter, const c10::BFloat16* vb, int64_t hd,
+                              int64_t rows) {
   __m512 lo[H], hi[H];
 #pragma GCC unroll 4
   for (int k = 0; k < H; ++k) {
-    lo[k] = _mm512_loadu_ps(acc + k * 32);
-    hi[k] = _mm512_loadu_ps(acc + k * 32 + 16);
+    lo[k] = _mm512_loadu_ps(acc + k * step);
+    hi[k] = _mm512_loadu_ps(acc + k * step + 16);
   }
   for (int64_t r = 0; r < rows; r += 2) {
     __m512i vlo, vhi;
@@ -89,8 +90,8 @@ inline void weigh_value_pairs(float* acc, const int32_t* ph, int64_t half, const
   }
 #pragma GCC unroll 4
   for (int k = 0; k < H; ++k) {
-    _mm512_storeu_ps(acc + k * 32, lo[k]);
-    _mm512_storeu_ps(acc + k * 32 + 16, hi[k]);
+    _mm512_storeu_ps(acc + k * step, lo[k]);
+    _mm512_storeu_ps(acc + k * step + 16, hi[k]);
   }
 }
 
@@ -116,26 +117,39 @@ void weighted_values_bf16(const float* p, int64_t stride, const QueryRows& rows_
   // (p[2i], p[2i + 1]) as one bf16 pair per 32 bits; blocks have an even number of rows,
   // so a pair never straddles two blocks. `begin` (a block's first row, so even) is the
   // first value row with a weight.
+  // Thirty-two probabilities at a time rounded to bf16 (to nearest even, as c10 rounds;
+  // they are normal floats or zero), a masked tail reading zeros past the end.
   std::vector<int32_t> pairs(heads * half);
   for (int64_t h = 0; h < heads; ++h) {
     const int64_t begin = rows_of.begin[h / group], len = rows_of.end[h / group];
     const float* ph = p + h * stride;
-    for (int64_t i = begin; i < len; i += 2) {
-      const uint32_t upper = i + 1 < len ? c10::BFloat16(ph[i + 1]).x : 0;
-      pairs[h * half + i / 2] = static_cast<int32_t>(upper << 16 | c10::BFloat16(ph[i]).x);
+    for (int64_t i = begin; i < len; i += 32) {
+      const int64_t left = std::min<int64_t>(32, len - i);
+      const __mmask16 lo_mask = static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1);
+      const __mmask16 hi_mask =
+          static_cast<__mmask16>(left >= 32 ? 0xFFFF : left > 16 ? (1u << (left - 16)) - 1 : 0);
+      const __m512 lo = _mm512_maskz_loadu_ps(lo_mask, ph + i);
+      const __m512 hi = _mm512_maskz_loadu_ps(hi_mask, ph + i + 16);
+      const __mmask16 store =
+          static_cast<__mmask16>(left >= 32 ? 0xFFFF : (1u << ((left + 1) / 2)) - 1);
+      _mm512_mask_storeu_epi32(pairs.data() + h * half + i / 2, store,
+                               (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
     }
   }
-  std::vector<float> acc(heads * 32);  // (lo, hi) of each row and head
-  // A block's value rows of this slice interleaved in pairs once, for every row and head
-  // that weighs them: (lo, hi) of pair r / 2 at inter[r * 16], inter[(r + 1) * 16].
-  std::vector<int32_t> inter(bs * 16);
+  // (lo, hi) of each row, head and 32-wide slice: acc + (h * slices + c / 32) * 32.
+  const int64_t slices = hd / 32;
+  std::vector<float> acc(heads * hd, 0.f);
+  // A block's value rows interleaved in pairs once per slice, for every row and head that
+  // weighs them: (lo, hi) of pair r / 2 of slice c at inter + c / 32 * bs * 16 + r * 16
+  // and (r + 1) * 16. Each block is read once, all its slices together.
+  std::vector<int32_t> inter(slices * bs * 16);
   std::vector<c10::BFloat16> wide(std::is_same_v<C, int8_t> ? bs * 32 : 0);
   const int64_t stop = rows_of.end[n - 1];
-  for (int64_t c = 0; c < hd; c += 32) {
-    std::fill(acc.begin(), acc.end(), 0.f);
-    for (int64_t j0 = rows_of.begin[0]; j0 < stop; j0 += bs) {
+  for (int64_t j0 = rows_of.begin[0]; j0 < stop; j0 += bs) {
+    const int64_t block_rows = std::min(bs, stop - j0);
+    for (int64_t c = 0; c < hd; c += 32) {
       const C* block = vp + ((head * num_blocks + table[j0 / bs]) * bs) * hd + c;
-      const int64_t block_rows = std::min(bs, stop - j0);
+      int32_t* slice_inter = inter.data() + c / 32 * bs * 16;
       // The slice's rows as bf16, `row` apart: in place, or widened from 8-bit levels.
       const c10::BFloat16* vb;
       int64_t row;
@@ -150,8 +164,8 @@ void weighted_values_bf16(const float* p, int64_t stride, const QueryRows& rows_
         const __m512i a = _mm512_loadu_si512(vb + r * row);
         const __m512i b =
             r + 1 < block_rows ? _mm512_loadu_si512(vb + (r + 1) * row) : _mm512_setzero_si512();
-        _mm512_storeu_si512(inter.data() + r * 16, _mm512_unpacklo_epi16(a, b));
-        _mm512_storeu_si512(inter.data() + (r + 1) * 16, _mm512_unpackhi_epi16(a, b));
+        _mm512_storeu_si512(slice_inter + r * 16, _mm512_unpacklo_epi16(a, b));
+        _mm512_storeu_si512(slice_inter + (r + 1) * 16, _mm512_unpackhi_epi16(a, b));
       }
       for (int64_t i = 0; i < n; ++i) {
         if (!rows_of.walks(i, j0)) continue;
@@ -161,23 +175,26 @@ void weighted_values_bf16(const float* p, int64_t stride, const QueryRows& rows_
         for (int64_t h = i * group; h < (i + 1) * group;) {
           const int64_t left = (i + 1) * group - h;
           const int32_t* ph = pairs.data() + h * half + j0 / 2;
-          float* ah = acc.data() + h * 32;
+          float* ah = acc.data() + (h * slices + c / 32) * 32;
+          const int64_t step = slices * 32;  // from one head's slice to the next head's
           if (left >= 4) {
-            weigh_value_pairs<4>(ah, ph, half, inter.data(), vb, row, rows);
+            weigh_value_pairs<4>(ah, step, ph, half, slice_inter, vb, row, rows);
           } else if (left == 3) {
-            weigh_value_pairs<3>(ah, ph, half, inter.data(), vb, row, rows);
+            weigh_value_pairs<3>(ah, step, ph, half, slice_inter, vb, row, rows);
           } else if (left == 2) {
-            weigh_value_pairs<2>(ah, ph, half, inter.data(), vb, row, rows);
+            weigh_value_pairs<2>(ah, step, ph, half, slice_inter, vb, row, rows);
           } else {
-            weigh_value_pairs<1>(ah, ph, half, inter.data(), vb, row, rows);
+            weigh_value_pairs<1>(ah, step, ph, half, slice_inter, vb, row, rows);
           }
           h += std::min<int64_t>(left, 4);
         }
       }
     }
-    for (int64_t h = 0; h < heads; ++h) {
-      const __m512 lo = _mm512_loadu_ps(acc.data() + h * 32);
-      const __m512 hi = _mm512_loadu_ps(acc.data() + h * 32 + 16);
+  }
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t c = 0; c < hd; c += 32) {
+      const float* ah = acc.data() + (h * slices + c / 32) * 32;
+      const __m512 lo = _mm512_loadu_ps(ah), hi = _mm512_loadu_ps(ah + 16);
       const __m512 scale = _mm512_set1_ps(inv_sum[h]);
       const __m512 o0 = _mm512_mul_ps(_mm512_permutex2var_ps(lo, first, hi), scale);
       const __m512 o1 = _mm512_mul_ps(_mm512_permutex2var_ps(lo, second, hi), scale);
