@@ -76,18 +76,22 @@ def test_windows_and_sinks_match_reference(case):
     torch.testing.assert_close(got.float(), want, atol=TOL[dtype], rtol=TOL[dtype])
 
 
-def test_decode_rows_do_not_depend_on_the_batch():
-    """A sequence's output is the same alone or among others, bit for bit."""
+@pytest.mark.parametrize("kv_heads,heads,head_dim,window", [(3, 9, 64, 0), (1, 4, 256, 200)])
+def test_decode_rows_do_not_depend_on_the_batch(kv_heads, heads, head_dim, window):
+    """A sequence's output is the same alone or among others, bit for bit: alone, its KV
+    heads' query heads are split over the threads (a model with one KV head too)."""
     seqs = [(300, 1), (17, 1), (1000, 1), (64, 1)]
-    k_cache, v_cache, meta = make_batch(3, 16, seqs, 3, 64, torch.bfloat16)
-    q = torch.randn(len(seqs), 9, 64).bfloat16()
-    together = paged_attention_cpu(q, k_cache, v_cache, meta, 0.125)
+    k_cache, v_cache, meta = make_batch(3, 16, seqs, kv_heads, head_dim, torch.bfloat16)
+    q = torch.randn(len(seqs), heads, head_dim).bfloat16()
+    sinks = torch.randn(heads) if window else None
+    together = paged_attention_cpu(q, k_cache, v_cache, meta, 0.125, window, sinks)
     for i in range(len(seqs)):
-        _k, _v, alone_meta = make_batch(3, 16, seqs, 3, 64, torch.bfloat16)
         alone_meta = type(meta).build(
             [1], [meta.seq_lens_cpu[i]], [meta.block_tables[i].tolist()], 16, 1
         )
-        alone = paged_attention_cpu(q[i : i + 1], k_cache, v_cache, alone_meta, 0.125)
+        alone = paged_attention_cpu(
+            q[i : i + 1], k_cache, v_cache, alone_meta, 0.125, window, sinks
+        )
         assert torch.equal(alone[0], together[i])
 
 

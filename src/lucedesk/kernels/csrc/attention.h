@@ -248,7 +248,7 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
   // rows of its sequence: the result of one sequence of n rows equals n sequences of one.
   const int64_t S = query_start.size(0) - 1, nh = q.size(1), hd = q.size(2);
   const int64_t kvh = k_cache.size(0), num_blocks = k_cache.size(1), bs = k_cache.size(2);
-  const int64_t group = nh / kvh;
+  const int64_t full = nh / kvh;  // query heads per KV head
   const int64_t table_width = block_tables.size(1);
   const int64_t q_stride_row = q.stride(0), q_stride_head = q.stride(1);
   const int64_t o_stride_row = out.stride(0), o_stride_head = out.stride(1);
@@ -261,13 +261,24 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
   const int32_t* starts = query_start.data_ptr<int32_t>();
   const float fscale = static_cast<float>(scale);
 
-  at::parallel_for(0, S * kvh, 1, [&](int64_t begin, int64_t end) {
+  // A task is one sequence's KV head for `group / parts` of its query heads (each query
+  // head's arithmetic is its own: the same bits however the group is split). One part
+  // while there are tasks enough for the threads; with fewer sequences, such as one
+  // stream on a model with one or three KV heads, the group is split so that no thread
+  // waits, each part reading the blocks on its own.
+  const int64_t tasks = S * kvh, wanted = 2 * static_cast<int64_t>(at::get_num_threads());
+  const int64_t parts =
+      tasks == 0 ? 1 : std::clamp<int64_t>((wanted + tasks - 1) / tasks, 1, full);
+  at::parallel_for(0, tasks * parts, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf, acc, kf(bs * hd), inv_sum, scores;
     std::vector<c10::BFloat16> kwide(kBf16Path && kQuantized ? 16 * hd : 0);
     std::vector<T*> outs;
     QueryRows rows_of;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t seq = task / kvh, head = task % kvh;
+      const int64_t seq = task / (kvh * parts), head = task / parts % kvh, part = task % parts;
+      // This task's query heads: g0..g0 + group - 1 of the KV head's `full` (query head
+      // head * full + g0 + g).
+      const int64_t g0 = part * full / parts, group = (part + 1) * full / parts - g0;
       const int64_t row0 = starts[seq], n = starts[seq + 1] - row0, len = lens[seq];
       const int32_t* table = tables + seq * table_width;
       // Keys first[i]..end[i]-1 are seen by row i; its blocks are walked from the one holding
@@ -286,12 +297,12 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
       qf.resize(heads * hd), inv_sum.resize(heads), outs.resize(heads);
       const auto q_of = [&](int64_t h) {  // row i = h / group, query head g = h % group
         return qp + (row0 + h / group) * q_stride_row +
-               (head * group + h % group) * q_stride_head;
+               (head * full + g0 + h % group) * q_stride_head;
       };
       for (int64_t h = 0; h < heads; ++h) {
         const T* src = q_of(h);
         for (int64_t e = 0; e < hd; ++e) qf[h * hd + e] = load_f(src[e]) * fscale;
-        const int64_t row = row0 + h / group, qh = head * group + h % group;
+        const int64_t row = row0 + h / group, qh = head * full + g0 + h % group;
         outs[h] = op + row * o_stride_row + qh * o_stride_head;
       }
       // Pass 1: scores[h, j] = q_h . k_j over this sequence's blocks, read in place. Each
@@ -353,7 +364,7 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
         float mx = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : mx)
         for (int64_t j = first; j < stop; ++j) mx = sh[j] > mx ? sh[j] : mx;
-        const float sink = sinks ? sinks[head * group + h % group] : 0.f;
+        const float sink = sinks ? sinks[head * full + g0 + h % group] : 0.f;
         if (sinks) mx = std::max(mx, sink);
         float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
