@@ -156,9 +156,10 @@ def random_caches(caches, g: torch.Generator) -> None:
 @pytest.mark.parametrize("kv_dtype", ["dtype", "int8"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_the_layer_stack_gives_the_bits_of_the_calls_layer_by_layer(tiny_models, arch, kv_dtype):
-    """One step of two decodes beside two prompt chunks (one fresh, one continuing), a
-    window and sinks on the first layer: the stack's hidden states and every cache row it
-    writes are those of the per-layer calls."""
+    """A step of two decodes beside two prompt chunks (one fresh, one continuing), and a
+    step of decodes only, one with a three-token draft; a window and sinks on the first
+    layer: the stack's hidden states and every cache row it writes are those of the
+    per-layer calls."""
     loaded = load_model(tiny_models[arch], torch.bfloat16)
     make_engine(loaded, kernels="cpu", weights="int8", max_slots=4, kv_pool_tokens=2048,
                 kv_dtype=kv_dtype)  # fmt: skip
@@ -173,25 +174,47 @@ def test_the_layer_stack_gives_the_bits_of_the_calls_layer_by_layer(tiny_models,
     shape = (kv_heads, 40, block_size, hd)
     caches = [LayerKV.allocate(shape, torch.bfloat16, kv_dtype, "cpu") for _ in range(2)]
     random_caches(caches, g)
-    query_lens, seq_lens = [1, 1, 20, 17], [30, 45, 20, 57]
     tables = [list(range(i * 10, i * 10 + 10)) for i in range(4)]
-    meta = AttentionMetadata.build(query_lens, seq_lens, tables, block_size, 2)
-    positions = torch.cat([torch.arange(s - q, s) for q, s in zip(query_lens, seq_lens)])
-    ids = torch.randint(0, loaded.config.vocab_size, (len(positions),), generator=g)
     kernels = runner_model.kernels
-    assert stack.takes(torch.empty(1).bfloat16(), caches, meta)
-    results = []
-    for use_stack in (True, False):
-        runner_model.stack = stack if use_stack else None
-        step_caches = [LayerKV(*(None if t is None else t.clone() for t in astuple(kv)))
-                       for kv in caches]  # fmt: skip
-        attention = PagedAttention(kernels, step_caches, meta, loaded.config.attention_scale)
-        with torch.inference_mode():
-            results.append((runner_model(ids, positions, attention), step_caches))
-    (hidden, stacked), (want_hidden, layered) = results
-    assert torch.equal(hidden, want_hidden)
-    for a, b in zip(stacked, layered):
-        assert all(torch.equal(x, y) for x, y in zip(astuple(a), astuple(b)) if x is not None)
+    steps = [([1, 1, 20, 17], [30, 45, 20, 57], 2), ([1, 4], [30, 45], 2)]
+    for query_lens, seq_lens, num_decodes in steps:
+        meta = AttentionMetadata.build(
+            query_lens, seq_lens, tables[: len(query_lens)], block_size, num_decodes
+        )
+        positions = torch.cat([torch.arange(s - q, s) for q, s in zip(query_lens, seq_lens)])
+        ids = torch.randint(0, loaded.config.vocab_size, (len(positions),), generator=g)
+        assert stack.takes(torch.empty(1).bfloat16(), caches, meta)
+        results = []
+        for use_stack in (True, False):
+            runner_model.stack = stack if use_stack else None
+            step_caches = [LayerKV(*(None if t is None else t.clone() for t in astuple(kv)))
+                           for kv in caches]  # fmt: skip
+            attention = PagedAttention(kernels, step_caches, meta, loaded.config.attention_scale)
+            with torch.inference_mode():
+                results.append((runner_model(ids, positions, attention), step_caches))
+        (hidden, stacked), (want_hidden, layered) = results
+        assert torch.equal(hidden, want_hidden)
+        for a, b in zip(stacked, layered):
+            assert all(torch.equal(x, y) for x, y in zip(astuple(a), astuple(b)) if x is not None)
+
+
+def test_the_layer_stack_refuses_what_it_cannot_take(tiny_models):
+    """A bad call is a clear error, not a crash: rows that are not the step's, an 8-bit
+    cache without its scales."""
+    loaded = load_model(tiny_models["llama"], torch.bfloat16)
+    make_engine(loaded, kernels="cpu", weights="int8", max_slots=2, kv_pool_tokens=256)
+    stack, c = loaded.model.stack, loaded.config
+    shape = (c.num_kv_heads, 4, 16, c.head_dim)
+    caches = [LayerKV.allocate(shape, torch.bfloat16, "dtype", "cpu") for _ in range(2)]
+    meta = AttentionMetadata.build([1], [5], [[0]], 16, 1)
+    table = torch.zeros(1, c.head_dim).bfloat16()
+    x = torch.randn(2, c.hidden_size).bfloat16()
+    with pytest.raises(RuntimeError, match="hold 1 rows, x 2"):
+        stack(x, (table,) * 4, caches, meta, 0.25)
+    caches[1] = LayerKV.allocate(shape, torch.bfloat16, "int8", "cpu")
+    caches[1].k_scale = None
+    with pytest.raises(RuntimeError, match="int8 cache takes k and v scales"):
+        stack(x[:1], (table,) * 4, caches, meta, 0.25)
 
 
 # Which halves each family's tiny model fuses: qkv bias (qwen2) and q/k norms (qwen3) in the

@@ -36,7 +36,7 @@ inline void prefetch_block(const C* cache, const int32_t* table, int64_t j0, int
   const char* block =
       reinterpret_cast<const char*>(cache + (head * num_blocks + table[b]) * bs * hd);
   for (int64_t t = 0; t < static_cast<int64_t>(bs * hd * sizeof(C)); t += 64)
-    _mm_prefetch(block + t, _MM_HINT_T0);
+    __builtin_prefetch(block + t, 0, 3);
 }
 
 #if defined(LUCEDESK_AVX512BF16)
@@ -135,8 +135,10 @@ void weighted_values_bf16(const float* p, int64_t stride, const QueryRows& rows_
   // (p[2i], p[2i + 1]) as one bf16 pair per 32 bits; blocks have an even number of rows,
   // so a pair never straddles two blocks. `begin` (a block's first row, so even) is the
   // first value row with a weight.
-  // Thirty-two probabilities at a time rounded to bf16 (to nearest even, as c10 rounds;
-  // they are normal floats or zero), a masked tail reading zeros past the end.
+  // Thirty-two probabilities at a time rounded to bf16 (to nearest even, as c10 rounds),
+  // a masked tail reading zeros past the end. A subnormal weight (a tiny probability
+  // times an 8-bit value's scale) becomes 0 here where c10 would keep a subnormal bf16;
+  // vdpbf16ps takes subnormal inputs as 0 either way, so the products are the same.
   std::vector<int32_t> pairs(heads * half);
   for (int64_t h = 0; h < heads; ++h) {
     const int64_t begin = rows_of.begin[h / group], len = rows_of.end[h / group];
@@ -158,9 +160,11 @@ void weighted_values_bf16(const float* p, int64_t stride, const QueryRows& rows_
   const int64_t slices = hd / 32;
   std::vector<float> acc(heads * hd, 0.f);
   // A block's value rows interleaved in pairs once per slice, for every row and head that
-  // weighs them: (lo, hi) of pair r / 2 of slice c at inter + c / 32 * bs * 16 + r * 16
-  // and (r + 1) * 16. Each block is read once, all its slices together.
-  std::vector<int32_t> inter(slices * bs * 16);
+  // weighs them: (lo, hi) of pair r / 2 of slice c at inter + c / 32 * span + r * 16 and
+  // (r + 1) * 16, span room for an odd block's last pair. Each block is read once, all
+  // its slices together.
+  const int64_t span = (bs + 1) * 16;
+  std::vector<int32_t> inter(slices * span);
   std::vector<c10::BFloat16> wide(std::is_same_v<C, int8_t> ? bs * 32 : 0);
   const int64_t stop = rows_of.end[n - 1];
   for (int64_t j0 = rows_of.begin[0]; j0 < stop; j0 += bs) {
@@ -168,7 +172,7 @@ void weighted_values_bf16(const float* p, int64_t stride, const QueryRows& rows_
     prefetch_block(vp, table, j0, stop, head, num_blocks, bs, hd);
     for (int64_t c = 0; c < hd; c += 32) {
       const C* block = vp + ((head * num_blocks + table[j0 / bs]) * bs) * hd + c;
-      int32_t* slice_inter = inter.data() + c / 32 * bs * 16;
+      int32_t* slice_inter = inter.data() + c / 32 * span;
       // The slice's rows as bf16, `row` apart: in place, or widened from 8-bit levels.
       const c10::BFloat16* vb;
       int64_t row;
@@ -280,6 +284,7 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
       // head * full + g0 + g).
       const int64_t g0 = part * full / parts, group = (part + 1) * full / parts - g0;
       const int64_t row0 = starts[seq], n = starts[seq + 1] - row0, len = lens[seq];
+      if (n <= 0) continue;  // a sequence with no rows this step
       const int32_t* table = tables + seq * table_width;
       // Keys first[i]..end[i]-1 are seen by row i; its blocks are walked from the one holding
       // first[i], whose earlier rows get weight 0. Blocks outer, rows inner: each block is
@@ -436,6 +441,9 @@ void paged_decode_attention(at::Tensor out, const at::Tensor& q, const at::Tenso
                             const std::optional<at::Tensor>& k_scale,
                             const std::optional<at::Tensor>& v_scale) {
   TORCH_CHECK(window >= 0, "paged decode attention: window must be >= 0");
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && k_cache.size(0) >= 1 &&
+                  q.size(1) % k_cache.size(0) == 0 && q.size(1) >= k_cache.size(0),
+              "paged decode attention: query heads must be a multiple of KV heads");
   TORCH_CHECK(query_start.scalar_type() == at::kInt && query_start.is_contiguous() &&
                   query_start.dim() == 1 && query_start.size(0) >= 1,
               "paged decode attention: query_start must be contiguous int32 [S + 1]");

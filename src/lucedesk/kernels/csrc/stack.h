@@ -40,7 +40,10 @@ struct DenseStack : torch::CustomClassHolder {
   std::vector<StackLayer> layers;
 
   DenseStack(double eps, int64_t num_heads, int64_t num_kv_heads, bool vector)
-      : eps(eps), num_heads(num_heads), num_kv_heads(num_kv_heads), vector(vector) {}
+      : eps(eps), num_heads(num_heads), num_kv_heads(num_kv_heads), vector(vector) {
+    TORCH_CHECK(num_kv_heads >= 1 && num_heads >= num_kv_heads && num_heads % num_kv_heads == 0,
+                "dense stack: query heads must be a multiple of KV heads");
+  }
 
   void add_layer(at::Tensor attn_norm, at::Tensor ffn_norm, std::vector<at::Tensor> qkv,
                  std::vector<at::Tensor> o, std::vector<at::Tensor> gate_up,
@@ -82,13 +85,21 @@ struct DenseStack : torch::CustomClassHolder {
     TORCH_CHECK(query_start.scalar_type() == at::kInt && query_start.dim() == 1 && S >= 0 &&
                     num_decodes >= 0 && num_decodes <= S,
                 "dense stack: query_start must be int32 [S + 1], num_decodes <= S");
-    const int64_t T = x.size(0);
-    const int64_t decode_rows = query_start[num_decodes].item<int32_t>();
+    TORCH_CHECK(query_start.is_contiguous() && seq_lens.scalar_type() == at::kInt &&
+                    seq_lens.dim() == 1 && seq_lens.size(0) >= S &&
+                    block_tables.dim() == 2 && block_tables.size(0) >= S,
+                "dense stack: seq_lens and block_tables must hold a row per sequence");
+    const int32_t* starts = query_start.data_ptr<int32_t>();
+    const int64_t T = x.size(0), decode_rows = starts[num_decodes];
+    TORCH_CHECK(x.dim() == 2 && starts[0] == 0 && starts[S] == T,
+                "dense stack: the step's sequences hold ", starts[S], " rows, x ", T);
     std::optional<at::Tensor> residual;
     for (int64_t i = 0; i < L; ++i) {
       const StackLayer& layer = layers[i];
       const bool quantized = k_caches[i].scalar_type() == at::kChar;
       const std::optional<at::Tensor> k_scale = k_scales.get(i), v_scale = v_scales.get(i);
+      TORCH_CHECK(quantized == (k_scale.has_value() && v_scale.has_value()),
+                  "dense stack: layer ", i, ": an int8 cache takes k and v scales, others none");
       std::optional<at::Tensor> k_cache, v_cache, slots;
       if (!quantized) k_cache = k_caches[i], v_cache = v_caches[i], slots = slot_mapping;
       auto [q, k, v, res] = attention_input(
