@@ -26,6 +26,12 @@ class DenseStack:
         self.num_layers = 0
         self._stack = torch.classes.lucedesk_cpu.DenseStack(eps, num_heads, num_kv_heads, vector)
 
+    @staticmethod
+    def accepts(*weights: object) -> bool:
+        """Whether these weights can form a stack: low-bit, all on one path (VNNI or plain)."""
+        low_bit = all(isinstance(w, LowBitWeight) for w in weights)
+        return low_bit and len({w.vector for w in weights}) == 1
+
     def add_layer(
         self,
         attn_norm: torch.Tensor,
@@ -40,7 +46,7 @@ class DenseStack:
     ) -> None:
         """weights: qkv, o, gate|up, down; `local` layers take the local rotary table."""
         require(
-            all(isinstance(w, LowBitWeight) and w.vector == self.vector for w in weights),
+            self.accepts(*weights) and weights[0].vector == self.vector,
             "a dense stack's weights are low-bit, all on the stack's path",
         )
         require(sinks is None or sinks.dtype == torch.float32, "sinks must be float32")

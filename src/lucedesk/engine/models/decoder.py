@@ -160,7 +160,7 @@ class DecoderModel(nn.Module):
             return None
         weights = [tuple(layer.quantized.get(n) for n in PROJECTIONS) for layer in layers]
         held = [w for ws in weights for w in ws]
-        if not self.kernels.fused.accepts(*held) or len({w.vector for w in held}) != 1:
+        if not stack_type.accepts(*held):
             return None
         stack = stack_type(c.rms_norm_eps, c.num_heads, c.num_kv_heads, held[0].vector)
         for i, (layer, ws) in enumerate(zip(layers, weights)):

@@ -20,9 +20,6 @@ struct LowBitArgs {
   at::Tensor q, d, m;
   int64_t bits;
   std::optional<at::Tensor> lut;
-  at::Tensor operator()(const at::Tensor& x, bool vector) const {
-    return lowbit_linear(x, q, d, m, bits, vector, lut);
-  }
 };
 
 struct StackLayer {
@@ -123,7 +120,8 @@ struct DenseStack : torch::CustomClassHolder {
                                 query_start.narrow(0, num_decodes, chunks + 1), scale,
                                 layer.window, layer.sinks, k_scale, v_scale);
       }
-      at::Tensor y = layer.o(o.reshape({T, -1}), vector);
+      at::Tensor y = lowbit_linear(o.reshape({T, -1}), layer.o.q, layer.o.d, layer.o.m,
+                                   layer.o.bits, vector, layer.o.lut);
       if (layer.o_bias.has_value()) y = at::add(y, *layer.o_bias);
       auto [out, residual_out] =
           gated_mlp(y, res, layer.ffn_norm, eps, layer.gate_up.q, layer.gate_up.d,
