@@ -76,11 +76,15 @@ def test_windows_and_sinks_match_reference(case):
     torch.testing.assert_close(got.float(), want, atol=TOL[dtype], rtol=TOL[dtype])
 
 
-@pytest.mark.parametrize("kv_heads,heads,head_dim,window", [(3, 9, 64, 0), (1, 4, 256, 200)])
+@pytest.mark.parametrize(
+    "kv_heads,heads,head_dim,window",
+    [(3, 9, 64, 0), (1, 4, 256, 200), (1, 4, 256, 0), (2, 4, 128, 1100), (1, 2, 256, 0)],
+)
 def test_decode_rows_do_not_depend_on_the_batch(kv_heads, heads, head_dim, window):
     """A sequence's output is the same alone or among others, bit for bit: alone, its KV
-    heads' query heads are split over the threads (a model with one KV head too); among
-    the others, not."""
+    heads' query heads are split over the threads (a short context), or its keys and then
+    its columns are (one or two KV heads of 128 or more columns over 1,024 keys or more);
+    among the others, neither."""
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # 4 sequences x KV heads are tasks enough; 1 is not
     try:
@@ -90,7 +94,7 @@ def test_decode_rows_do_not_depend_on_the_batch(kv_heads, heads, head_dim, windo
 
 
 def check_rows_alone_and_among_others(kv_heads, heads, head_dim, window):
-    seqs = [(300, 1), (17, 1), (1000, 1), (64, 1)]
+    seqs = [(300, 1), (17, 1), (1300, 1), (64, 1)]
     k_cache, v_cache, meta = make_batch(3, 16, seqs, kv_heads, head_dim, torch.bfloat16)
     q = torch.randn(len(seqs), heads, head_dim).bfloat16()
     sinks = torch.randn(heads) if window else None

@@ -1,0 +1,278 @@
+// The parts of a paged decode (attention.h): the rows a sequence's task attends for,
+// prefetching blocks through the block table, the bf16 key scores, the softmax and the
+// weighted sum of value rows.
+#pragma once
+
+#include "common.h"
+
+namespace {
+
+// An 8-bit cache's levels -> float (its scales are applied to the scores and the weights).
+inline void widen(float* dst, const int8_t* src, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+// The rows of one sequence that a decode task attends for: row i (of n) sees keys
+// first[i]..end[i]-1 and its blocks are walked from begin[i] (first[i] rounded down to a
+// block). Row 0 begins earliest and row n-1 ends last, so [begin[0], end[n-1]) covers all.
+struct QueryRows {
+  int64_t n;
+  std::vector<int64_t> first, begin, end;
+  // Does row i walk the block at key j0 (a block's first row)?
+  bool walks(int64_t i, int64_t j0) const { return j0 >= begin[i] && j0 < end[i]; }
+};
+
+// Blocks a decode's key and value passes ask for ahead of the one they are on.
+constexpr int64_t kPrefetchBlocks = 2;
+
+// Columns c_lo..c_hi - 1 of the rows of the block kPrefetchBlocks past the one holding key
+// j0 into the cache, from the block table: a sequence's blocks lie anywhere in the pool, so
+// the hardware prefetcher cannot see where the next one is, and a decode reads each of them
+// once (16 sequences at 4k tokens: 2.2 -> 1.7 ms a layer, their K/V read cold). A pass
+// over some of a row's columns asks for those only: the others are another thread's.
+template <typename C>
+inline void prefetch_block(const C* cache, const int32_t* table, int64_t j0, int64_t len,
+                           int64_t head, int64_t num_blocks, int64_t bs, int64_t hd,
+                           int64_t c_lo = 0, int64_t c_hi = -1) {
+  const int64_t b = j0 / bs + kPrefetchBlocks;
+  if (b * bs >= len) return;
+  const char* block =
+      reinterpret_cast<const char*>(cache + (head * num_blocks + table[b]) * bs * hd);
+  const int64_t row = hd * sizeof(C);
+  if (c_hi < 0 || (c_lo == 0 && c_hi == hd)) {
+    for (int64_t t = 0; t < bs * row; t += 64) __builtin_prefetch(block + t, 0, 3);
+    return;
+  }
+  for (int64_t r = 0; r < bs; ++r)
+    for (int64_t t = c_lo * sizeof(C); t < c_hi * static_cast<int64_t>(sizeof(C)); t += 64)
+      __builtin_prefetch(block + r * row + t, 0, 3);
+}
+
+#if defined(LUCEDESK_AVX512BF16)
+// n (a multiple of 32) 8-bit levels as bf16, exactly (|level| <= 127 < 2^8).
+inline void levels_to_bf16(c10::BFloat16* dst, const int8_t* src, int64_t n) {
+  for (int64_t i = 0; i < n; i += 32) {
+    const __m512 lo = _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+    const __m512 hi = _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16))));
+    _mm512_storeu_si512(dst + i, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+  }
+}
+
+// scores[r] = scale * q . k_r for the `rows` (<= 16) key rows at kb, bf16 pairs multiplied
+// by vdpbf16ps straight from the cache (no widening pass), one accumulator per key row.
+inline void scores16_bf16(const c10::BFloat16* q, const c10::BFloat16* kb, int64_t rows,
+                          int64_t hd, float scale, float* scores) {
+  __m512 acc[16];
+#pragma GCC unroll 16
+  for (int r = 0; r < 16; ++r) acc[r] = _mm512_setzero_ps();
+  if (rows == 16) {
+    for (int64_t c = 0; c < hd; c += 32) {
+      const __m512bh qv = (__m512bh)_mm512_loadu_si512(q + c);
+#pragma GCC unroll 16
+      for (int r = 0; r < 16; ++r)
+        acc[r] = _mm512_dpbf16_ps(acc[r], qv, (__m512bh)_mm512_loadu_si512(kb + r * hd + c));
+    }
+  } else {
+    for (int64_t c = 0; c < hd; c += 32) {
+      const __m512bh qv = (__m512bh)_mm512_loadu_si512(q + c);
+      for (int64_t r = 0; r < rows; ++r)
+        acc[r] = _mm512_dpbf16_ps(acc[r], qv, (__m512bh)_mm512_loadu_si512(kb + r * hd + c));
+    }
+  }
+  const __m512 s = _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale));
+  _mm512_mask_storeu_ps(scores, static_cast<__mmask16>((1u << rows) - 1), s);
+}
+// acc[k] += the first `rows` value rows of a block (one 32-wide slice) weighed by heads
+// k < H's probability pairs (ph + k * half): (lo, hi) of head k at acc + k * step. Pairs of
+// rows come interleaved in `inter`; a row count that ends mid-pair pairs its last row
+// with zeros, as a one-row decode does at its context's end.
+template <int H>
+inline void weigh_value_pairs(float* acc, int64_t step, const int32_t* ph, int64_t half,
+                              const int32_t* inter, const c10::BFloat16* vb, int64_t hd,
+                              int64_t rows) {
+  __m512 lo[H], hi[H];
+#pragma GCC unroll 4
+  for (int k = 0; k < H; ++k) {
+    lo[k] = _mm512_loadu_ps(acc + k * step);
+    hi[k] = _mm512_loadu_ps(acc + k * step + 16);
+  }
+  for (int64_t r = 0; r < rows; r += 2) {
+    __m512i vlo, vhi;
+    if (r + 1 < rows) {
+      vlo = _mm512_loadu_si512(inter + r * 16);
+      vhi = _mm512_loadu_si512(inter + (r + 1) * 16);
+    } else {
+      const __m512i a = _mm512_loadu_si512(vb + r * hd);
+      vlo = _mm512_unpacklo_epi16(a, _mm512_setzero_si512());
+      vhi = _mm512_unpackhi_epi16(a, _mm512_setzero_si512());
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < H; ++k) {
+      const __m512bh pp = (__m512bh)_mm512_set1_epi32(ph[k * half + r / 2]);
+      lo[k] = _mm512_dpbf16_ps(lo[k], pp, (__m512bh)vlo);
+      hi[k] = _mm512_dpbf16_ps(hi[k], pp, (__m512bh)vhi);
+    }
+  }
+#pragma GCC unroll 4
+  for (int k = 0; k < H; ++k) {
+    _mm512_storeu_ps(acc + k * step, lo[k]);
+    _mm512_storeu_ps(acc + k * step + 16, hi[k]);
+  }
+}
+#endif
+
+// The softmax of row i = h / group's scores for query head h, in place (sh[j - origin] for
+// keys j): exp(s_j - max) over the keys it sees (first..end - 1), 0 over the block's rows
+// before them (begin..first - 1); sink (when given) joins the max and the denominator. An
+// 8-bit cache's value scales then weigh each probability. Returns 1 / the denominator.
+inline float softmax_keys(float* sh, int64_t origin, int64_t begin, int64_t first, int64_t stop,
+                          const float* sink, const float* v_scales, const int32_t* table,
+                          int64_t head, int64_t num_blocks, int64_t bs) {
+  float* s = sh + (first - origin);  // s[j - first]: key j's score, for j from first
+  const int64_t m = stop - first;
+  float mx = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : mx)
+  for (int64_t j = 0; j < m; ++j) mx = s[j] > mx ? s[j] : mx;
+  if (sink) mx = std::max(mx, *sink);
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < m; ++j) {
+    s[j] = exp_nonpositive(s[j] - mx);
+    sum += s[j];
+  }
+  if (sink) sum += exp_nonpositive(*sink - mx);
+  std::fill(sh + (begin - origin), s, 0.f);
+  if (v_scales) {  // each weight takes its value row's scale, block by block
+    for (int64_t j0 = first / bs * bs; j0 < stop; j0 += bs) {
+      const float* vs = v_scales + (head * num_blocks + table[j0 / bs]) * bs;
+      const int64_t lo = std::max(first, j0), hi = std::min(stop, j0 + bs);
+#pragma omp simd
+      for (int64_t j = lo; j < hi; ++j) sh[j - origin] *= vs[j - j0];
+    }
+  }
+  return 1.f / sum;
+}
+
+#if defined(LUCEDESK_AVX512BF16)
+// ph[(j - origin) / 2] = (p[j], p[j + 1]) as one bf16 pair per 32 bits for keys j from
+// begin (a block's first row, so even, as origin is) to end - 1, p indexed p[j - origin];
+// blocks have an even number of rows, so a pair never straddles two blocks. Thirty-two
+// probabilities at a time rounded to bf16 (to nearest even, as c10 rounds), a masked tail
+// reading zeros past the end. A subnormal weight (a tiny probability times an 8-bit value's
+// scale) becomes 0 here where c10 would keep a subnormal bf16; vdpbf16ps takes subnormal
+// inputs as 0 either way, so the products are the same.
+inline void probability_pairs(const float* p, int64_t origin, int64_t begin, int64_t end,
+                              int32_t* ph) {
+  for (int64_t i = begin; i < end; i += 32) {
+    const int64_t left = std::min<int64_t>(32, end - i);
+    const __mmask16 lo_mask = static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1);
+    const __mmask16 hi_mask =
+        static_cast<__mmask16>(left >= 32 ? 0xFFFF : left > 16 ? (1u << (left - 16)) - 1 : 0);
+    const __m512 lo = _mm512_maskz_loadu_ps(lo_mask, p + i - origin);
+    const __m512 hi = _mm512_maskz_loadu_ps(hi_mask, p + i - origin + 16);
+    const __mmask16 store =
+        static_cast<__mmask16>(left >= 32 ? 0xFFFF : (1u << ((left + 1) / 2)) - 1);
+    _mm512_mask_storeu_epi32(ph + (i - origin) / 2, store, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+  }
+}
+
+// out[i, g][c_lo..c_hi) = inv_sum[i, g] * sum_j p[i, g, j] v_j[c_lo..c_hi) for each row i
+// and query head g of a sequence, its value rows read in place once for all of them
+// (blocks outer, rows inner), 32 columns at a time (c_lo and c_hi multiples of 32).
+// The probability pairs of (i, g) start at pairs + (i * group + g) * half, key j's at
+// (j - origin) / 2. Pairs of value rows interleaved (v_j[e], v_j+1[e]) are multiplied with
+// (p[j], p[j+1]) in bf16 by vdpbf16ps. Unpacking within 128-bit lanes leaves the
+// accumulators in the order
+//   lo: e 0-3, 8-11, 16-19, 24-27    hi: e 4-7, 12-15, 20-23, 28-31
+// of each 32-wide slice; two permutes restore it at the end. Each (i, g) and column sums
+// its rows in the same order whatever the other rows and columns are: a row's result does
+// not depend on them, nor on how the columns are shared out. An 8-bit cache (C = int8_t)
+// has each block's slice of levels widened to bf16 first (exact; its scales are already in
+// p).
+template <typename C>
+void weighted_values_bf16(const int32_t* pairs, int64_t half, int64_t origin,
+                          const QueryRows& rows_of, int64_t group, const C* vp,
+                          const int32_t* table, int64_t head, int64_t num_blocks, int64_t bs,
+                          int64_t hd, int64_t c_lo, int64_t c_hi, const float* inv_sum,
+                          c10::BFloat16* const* outs) {
+  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i second =
+      _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  const int64_t n = rows_of.n, heads = n * group;
+  // (lo, hi) of each row, head and 32-wide slice: acc + (h * slices + (c - c_lo) / 32) * 32.
+  const int64_t slices = (c_hi - c_lo) / 32;
+  std::vector<float> acc(heads * slices * 32, 0.f);
+  // A block's value rows interleaved in pairs once per slice, for every row and head that
+  // weighs them: (lo, hi) of pair r / 2 of slice c at inter + (c - c_lo) / 32 * span +
+  // r * 16 and (r + 1) * 16, span room for an odd block's last pair. Each block is read
+  // once, all its slices together.
+  const int64_t span = (bs + 1) * 16;
+  std::vector<int32_t> inter(slices * span);
+  std::vector<c10::BFloat16> wide(std::is_same_v<C, int8_t> ? bs * 32 : 0);
+  const int64_t stop = rows_of.end[n - 1];
+  for (int64_t j0 = rows_of.begin[0]; j0 < stop; j0 += bs) {
+    const int64_t block_rows = std::min(bs, stop - j0);
+    prefetch_block(vp, table, j0, stop, head, num_blocks, bs, hd, c_lo, c_hi);
+    for (int64_t c = c_lo; c < c_hi; c += 32) {
+      const C* block = vp + ((head * num_blocks + table[j0 / bs]) * bs) * hd + c;
+      int32_t* slice_inter = inter.data() + (c - c_lo) / 32 * span;
+      // The slice's rows as bf16, `row` apart: in place, or widened from 8-bit levels.
+      const c10::BFloat16* vb;
+      int64_t row;
+      if constexpr (std::is_same_v<C, int8_t>) {
+        for (int64_t r = 0; r < block_rows; ++r)
+          levels_to_bf16(wide.data() + r * 32, block + r * hd, 32);
+        vb = wide.data(), row = 32;
+      } else {
+        vb = block, row = hd;
+      }
+      for (int64_t r = 0; r < block_rows; r += 2) {
+        const __m512i a = _mm512_loadu_si512(vb + r * row);
+        const __m512i b =
+            r + 1 < block_rows ? _mm512_loadu_si512(vb + (r + 1) * row) : _mm512_setzero_si512();
+        _mm512_storeu_si512(slice_inter + r * 16, _mm512_unpacklo_epi16(a, b));
+        _mm512_storeu_si512(slice_inter + (r + 1) * 16, _mm512_unpackhi_epi16(a, b));
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        if (!rows_of.walks(i, j0)) continue;
+        const int64_t rows = std::min(bs, rows_of.end[i] - j0);
+        // Up to four heads at once: their sums are independent chains of vdpbf16ps, each
+        // in its own order, so interleaving them hides the instruction's latency.
+        for (int64_t h = i * group; h < (i + 1) * group;) {
+          const int64_t left = (i + 1) * group - h;
+          const int32_t* ph = pairs + h * half + (j0 - origin) / 2;
+          float* ah = acc.data() + (h * slices + (c - c_lo) / 32) * 32;
+          const int64_t step = slices * 32;  // from one head's slice to the next head's
+          if (left >= 4) {
+            weigh_value_pairs<4>(ah, step, ph, half, slice_inter, vb, row, rows);
+          } else if (left == 3) {
+            weigh_value_pairs<3>(ah, step, ph, half, slice_inter, vb, row, rows);
+          } else if (left == 2) {
+            weigh_value_pairs<2>(ah, step, ph, half, slice_inter, vb, row, rows);
+          } else {
+            weigh_value_pairs<1>(ah, step, ph, half, slice_inter, vb, row, rows);
+          }
+          h += std::min<int64_t>(left, 4);
+        }
+      }
+    }
+  }
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t c = c_lo; c < c_hi; c += 32) {
+      const float* ah = acc.data() + (h * slices + (c - c_lo) / 32) * 32;
+      const __m512 lo = _mm512_loadu_ps(ah), hi = _mm512_loadu_ps(ah + 16);
+      const __m512 scale = _mm512_set1_ps(inv_sum[h]);
+      const __m512 o0 = _mm512_mul_ps(_mm512_permutex2var_ps(lo, first, hi), scale);
+      const __m512 o1 = _mm512_mul_ps(_mm512_permutex2var_ps(lo, second, hi), scale);
+      c10::BFloat16* out = outs[h] + c;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), (__m256i)_mm512_cvtneps_pbh(o0));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16), (__m256i)_mm512_cvtneps_pbh(o1));
+    }
+  }
+}
+#endif
+
+}  // namespace
