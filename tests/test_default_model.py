@@ -208,7 +208,7 @@ PARAGRAPH = (
 
 
 def next_token_predictions(loaded, token_ids: list[int]) -> torch.Tensor:
-    from lucedesk.engine.models.decoder import CausalAttention
+    from lucedesk.engine.models.causal_attention import CausalAttention
 
     model = loaded.model
     ids = torch.tensor(token_ids)

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lucedesk.engine.models.decoder import CausalAttention
+from lucedesk.engine.models.causal_attention import CausalAttention
 from lucedesk.engine.models.loader import load_model
 from lucedesk.engine.runner import PagedAttention
 from lucedesk.kernels.attention_torch import write_kv_torch
@@ -154,12 +154,13 @@ def random_caches(caches, g: torch.Generator) -> None:
 
 
 @pytest.mark.parametrize("kv_dtype", ["dtype", "int8"])
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
 def test_the_layer_stack_gives_the_bits_of_the_calls_layer_by_layer(tiny_models, arch, kv_dtype):
     """A step of two decodes beside two prompt chunks (one fresh, one continuing), and a
     step of decodes only, one with a three-token draft; a window and sinks on the first
     layer: the stack's hidden states and every cache row it writes are those of the
-    per-layer calls."""
+    per-layer calls (Gemma 3's: float32 norms, norms after attention and the MLP, tanh
+    GELU, sliding layers on their own rotary table)."""
     loaded = load_model(tiny_models[arch], torch.bfloat16)
     make_engine(loaded, kernels="cpu", weights="int8", max_slots=4, kv_pool_tokens=2048,
                 kv_dtype=kv_dtype)  # fmt: skip
@@ -172,7 +173,8 @@ def test_the_layer_stack_gives_the_bits_of_the_calls_layer_by_layer(tiny_models,
     g = torch.Generator().manual_seed(len(arch))
     block_size, kv_heads, hd = 16, loaded.config.num_kv_heads, loaded.config.head_dim
     shape = (kv_heads, 40, block_size, hd)
-    caches = [LayerKV.allocate(shape, torch.bfloat16, kv_dtype, "cpu") for _ in range(2)]
+    layers = loaded.config.num_layers
+    caches = [LayerKV.allocate(shape, torch.bfloat16, kv_dtype, "cpu") for _ in range(layers)]
     random_caches(caches, g)
     tables = [list(range(i * 10, i * 10 + 10)) for i in range(4)]
     kernels = runner_model.kernels

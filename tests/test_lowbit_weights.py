@@ -182,7 +182,7 @@ def test_q4_takes_the_files_blocks_exactly(four_bit_gguf, caplog):
 
 
 def logits(loaded, ids: torch.Tensor) -> torch.Tensor:
-    from lucedesk.engine.models.decoder import CausalAttention
+    from lucedesk.engine.models.causal_attention import CausalAttention
 
     model = loaded.model
     with torch.inference_mode():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lucedesk.engine.models.decoder import CausalAttention
+from lucedesk.engine.models.causal_attention import CausalAttention
 from lucedesk.engine.models.loader import load_model
 from tests.conftest import DENSE_ARCHS, NEW_ARCHS
 

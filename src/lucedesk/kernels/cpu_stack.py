@@ -1,9 +1,11 @@
 """A dense model's decoder layers as one C++ call a step (csrc/stack.h): per layer the
-fused attention input, the K/V write, paged attention, the o projection and the fused MLP,
-the functions the per-layer calls run, in their order on their values, so the hidden
-states are theirs bit for bit. It takes a step when all of its attention runs in C++:
-caches on the CPU in the activations' dtype or 8-bit, and prompt chunks only where the
-flash kernel takes them (bfloat16, head_dim a multiple of 16, AVX512-BF16)."""
+norm and attention input, the K/V write, paged attention, the o projection and the gated
+MLP (SiLU or tanh GELU), with Gemma 3's float32 norms and its norms after attention and
+the MLP where a layer has them: the functions the per-layer calls run, in their order on
+their values, so the hidden states are theirs bit for bit. It takes a step when all of
+its attention runs in C++: caches on the CPU in the activations' dtype or 8-bit, and
+prompt chunks only where the flash kernel takes them (bfloat16, head_dim a multiple of
+16, AVX512-BF16)."""
 
 from __future__ import annotations
 
@@ -20,11 +22,19 @@ from lucedesk.kernels.quantized import LowBitWeight
 class DenseStack:
     """Built once per model (`add_layer` per layer, in order), called once per step."""
 
-    def __init__(self, eps: float, num_heads: int, num_kv_heads: int, vector: bool) -> None:
+    # The MLP activations it runs (the model config's hidden_act).
+    ACTIVATIONS = ("silu", "gelu_tanh")
+
+    def __init__(
+        self, eps: float, num_heads: int, num_kv_heads: int, vector: bool, activation: str = "silu"
+    ) -> None:
         load_cpu_ops()  # registers the class
+        require(activation in self.ACTIVATIONS, f"a dense stack's MLP cannot run {activation}")
         self.vector = vector
         self.num_layers = 0
-        self._stack = torch.classes.lucedesk_cpu.DenseStack(eps, num_heads, num_kv_heads, vector)
+        self._stack = torch.classes.lucedesk_cpu.DenseStack(
+            eps, num_heads, num_kv_heads, vector, activation
+        )
 
     @staticmethod
     def accepts(*weights: object) -> bool:
@@ -43,17 +53,22 @@ class DenseStack:
         o_bias: torch.Tensor | None = None,
         qk_norms: tuple[torch.Tensor, torch.Tensor] | None = None,
         sinks: torch.Tensor | None = None,
+        out_norms: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
-        """weights: qkv, o, gate|up, down; `local` layers take the local rotary table."""
+        """weights: qkv, o, gate|up, down; `local` layers take the local rotary table;
+        out_norms (Gemma 3's sandwich) apply to the o projection's and the MLP's outputs.
+        Norm weights are bfloat16 or float32."""
         require(
             self.accepts(*weights) and weights[0].vector == self.vector,
             "a dense stack's weights are low-bit, all on the stack's path",
         )
         require(sinks is None or sinks.dtype == torch.float32, "sinks must be float32")
         q_norm, k_norm = qk_norms if qk_norms is not None else (None, None)
+        attn_out, ffn_out = out_norms if out_norms is not None else (None, None)
+        extras = [qkv_bias, o_bias, q_norm, k_norm, sinks, attn_out, ffn_out]
         self._stack.add_layer(
             attn_norm, ffn_norm, *([w.q, w.d, w.m] for w in weights), [w.bits for w in weights],
-            [w.lut for w in weights], [qkv_bias, o_bias, q_norm, k_norm, sinks], window, local,
+            [w.lut for w in weights], extras, window, local,
         )  # fmt: skip
         self.num_layers += 1
 

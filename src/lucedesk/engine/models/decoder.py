@@ -147,27 +147,30 @@ class DecoderModel(nn.Module):
 
     def _fuse(self) -> None:
         """Each layer whose shape and weights the kernels' fused calls take runs them; where
-        every layer takes them for both halves, the kernels' stack runs all layers as one
-        call a step."""
+        every layer is dense in bfloat16 with weights the kernels' stack takes, the stack
+        runs all layers as one call a step."""
         for layer in self.layers:
             layer.use_fused(self.kernels, self.dtype)
         self.stack = self._layer_stack()
 
     def _layer_stack(self) -> Any:
         c, stack_type, layers = self.config, self.kernels.stack, list(self.layers)
-        fused = all(layer.fused_input and layer.fused_mlp for layer in layers)
-        if stack_type is None or c.sandwich_norms or not fused:
+        dense = self.dtype == torch.bfloat16 and all(layer.mlp is not None for layer in layers)
+        if stack_type is None or not dense or c.hidden_act not in stack_type.ACTIVATIONS:
             return None
         weights = [tuple(layer.quantized.get(n) for n in PROJECTIONS) for layer in layers]
         held = [w for ws in weights for w in ws]
         if not stack_type.accepts(*held):
             return None
-        stack = stack_type(c.rms_norm_eps, c.num_heads, c.num_kv_heads, held[0].vector)
+        stack = stack_type(
+            c.rms_norm_eps, c.num_heads, c.num_kv_heads, held[0].vector, c.hidden_act
+        )
         for i, (layer, ws) in enumerate(zip(layers, weights)):
             stack.add_layer(
                 layer.attn_norm, layer.ffn_norm, ws, layer.window, c.layer_type(i) != FULL,
                 layer.qkv_bias, layer.o_bias,
                 (layer.q_norm, layer.k_norm) if c.qk_norm else None, layer.sinks,
+                (layer.attn_out_norm, layer.ffn_out_norm) if c.sandwich_norms else None,
             )  # fmt: skip
         return stack
 
@@ -370,30 +373,3 @@ def add_rms_norm(
         return kernels.add_rms_norm(x, residual, weight, eps)
     residual = x if residual is None else x + residual
     return rms_norm(residual, weight, eps), residual
-
-
-class CausalAttention:
-    """Attention for one whole sequence with no cache: the simple reference path, used to
-    check model code against other implementations."""
-
-    def __init__(self, config: ModelConfig) -> None:
-        self.scale = config.attention_scale
-
-    def __call__(
-        self,
-        layer_idx: int,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        window: int = 0,
-        sinks: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        from lucedesk.kernels.attention_torch import causal_attention_torch
-
-        return causal_attention_torch(q, k, v, self.scale, window, sinks)
-
-    def cache_rows(self, layer_idx: int, dtype: torch.dtype) -> None:
-        return None  # no cache: k and v come with each call
-
-    def stack_inputs(self) -> None:
-        return None  # no paged caches

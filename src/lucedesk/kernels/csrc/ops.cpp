@@ -66,7 +66,7 @@ TORCH_LIBRARY(lucedesk_cpu, m) {
       "int down_bits, Tensor? down_lut, bool vector) -> (Tensor, Tensor)",
       &gated_mlp);
   m.class_<DenseStack>("DenseStack")
-      .def(torch::init<double, int64_t, int64_t, bool>())
+      .def(torch::init<double, int64_t, int64_t, bool, std::string>())
       .def("add_layer", &DenseStack::add_layer)
       .def("forward", &DenseStack::forward);
 }

@@ -1,12 +1,15 @@
 // A dense model's decoder layers as one call a step (`DenseStack`, a torch class): each
-// layer's attention input (fused.h), the K/V write, paged attention (decode rows by
-// attention.h, prompt chunks by prefill.h), the o projection and the gated MLP, the same
-// functions in the same order on the same values as the per-layer calls from Python, so
-// every result has their bits. What it saves is the Python between a step's ~150 calls,
-// which at one decode row costs about a fifth of the step.
+// layer's norm and attention input (fused.h), the K/V write, paged attention (decode rows
+// by attention.h, prompt chunks by prefill.h), the o projection, the gated MLP, and where
+// the family has them (Gemma 3) float32 norms and norms after attention and the MLP: the
+// same functions in the same order on the same values as the per-layer calls from Python,
+// so every result has their bits. What it saves is the Python between a step's ~150
+// calls, which at one decode row costs about a fifth of the step.
 #pragma once
 
 #include <torch/custom_class.h>
+
+#include <string>
 
 #include "attention.h"
 #include "fused.h"
@@ -22,10 +25,23 @@ struct LowBitArgs {
   std::optional<at::Tensor> lut;
 };
 
+// x (+ residual) -> (norm(x + residual), x + residual): the add_rms_norm kernel for a norm
+// in the activations' dtype; a float32 norm (Gemma 3's) as the model's Python computes it,
+// in ATen: the sum in bf16, the statistics and the product in float32, one rounding.
+std::tuple<at::Tensor, at::Tensor> norm_input(const at::Tensor& x,
+                                              const std::optional<at::Tensor>& residual,
+                                              const at::Tensor& norm, double eps) {
+  if (norm.scalar_type() == x.scalar_type()) return add_rms_norm(x, residual, norm, eps);
+  at::Tensor sum = residual.has_value() ? at::add(x, *residual) : x;
+  return {rms_norm_as_torch(sum, norm, eps), sum};
+}
+
 struct StackLayer {
   at::Tensor attn_norm, ffn_norm;
   LowBitArgs qkv, o, gate_up, down;
-  std::optional<at::Tensor> qkv_bias, o_bias, q_norm, k_norm, sinks;
+  // out norms: on the o projection's output and on the MLP's, before each joins the stream
+  std::optional<at::Tensor> qkv_bias, o_bias, q_norm, k_norm, sinks, attn_out_norm,
+      ffn_out_norm;
   int64_t window;
   bool local;  // rotary from the local (sliding-window) table
 };
@@ -34,12 +50,17 @@ struct DenseStack : torch::CustomClassHolder {
   double eps;
   int64_t num_heads, num_kv_heads;
   bool vector;
+  Gate gate;
   std::vector<StackLayer> layers;
 
-  DenseStack(double eps, int64_t num_heads, int64_t num_kv_heads, bool vector)
+  DenseStack(double eps, int64_t num_heads, int64_t num_kv_heads, bool vector,
+             const std::string& activation)
       : eps(eps), num_heads(num_heads), num_kv_heads(num_kv_heads), vector(vector) {
     TORCH_CHECK(num_kv_heads >= 1 && num_heads >= num_kv_heads && num_heads % num_kv_heads == 0,
                 "dense stack: query heads must be a multiple of KV heads");
+    TORCH_CHECK(activation == "silu" || activation == "gelu_tanh",
+                "dense stack: the MLP's activation is silu or gelu_tanh, not ", activation);
+    gate = activation == "silu" ? Gate::kSilu : Gate::kGeluTanh;
   }
 
   void add_layer(at::Tensor attn_norm, at::Tensor ffn_norm, std::vector<at::Tensor> qkv,
@@ -48,17 +69,27 @@ struct DenseStack : torch::CustomClassHolder {
                  c10::List<std::optional<at::Tensor>> luts,
                  c10::List<std::optional<at::Tensor>> extras, int64_t window, bool local) {
     TORCH_CHECK(qkv.size() == 3 && o.size() == 3 && gate_up.size() == 3 && down.size() == 3 &&
-                    bits.size() == 4 && luts.size() == 4 && extras.size() == 5,
+                    bits.size() == 4 && luts.size() == 4 && extras.size() == 7,
                 "dense stack: a layer is four weights (q, d, m each), their bits and tables, "
-                "and five extras (qkv bias, o bias, q norm, k norm, sinks)");
+                "and seven extras (qkv bias, o bias, q norm, k norm, sinks, attention and MLP "
+                "out norms)");
     TORCH_CHECK(window >= 0, "dense stack: window must be >= 0");
+    TORCH_CHECK(extras.get(5).has_value() == extras.get(6).has_value(),
+                "dense stack: the out norms come together");
+    for (const auto& norm : {std::optional<at::Tensor>(attn_norm),
+                             std::optional<at::Tensor>(ffn_norm), extras.get(5), extras.get(6)})
+      TORCH_CHECK(!norm.has_value() ||
+                      (norm->dim() == 1 && norm->size(0) == attn_norm.size(0) &&
+                       norm->is_contiguous() &&
+                       (norm->scalar_type() == at::kBFloat16 || norm->scalar_type() == at::kFloat)),
+                  "dense stack: a norm weight is contiguous bfloat16 or float32 [H]");
     const auto weight = [&](const std::vector<at::Tensor>& w, int i) {
       return LowBitArgs{w[0], w[1], w[2], bits[i], luts.get(i)};
     };
     layers.push_back(StackLayer{attn_norm, ffn_norm, weight(qkv, 0), weight(o, 1),
                                 weight(gate_up, 2), weight(down, 3), extras.get(0),
                                 extras.get(1), extras.get(2), extras.get(3), extras.get(4),
-                                window, local});
+                                extras.get(5), extras.get(6), window, local});
   }
 
   // x [T, H] (the embeddings) -> the last layer's x + residual [T, H]. cos/sin [T, hd] for
@@ -90,6 +121,9 @@ struct DenseStack : torch::CustomClassHolder {
     const int64_t T = x.size(0), decode_rows = starts[num_decodes];
     TORCH_CHECK(x.dim() == 2 && starts[0] == 0 && starts[S] == T,
                 "dense stack: the step's sequences hold ", starts[S], " rows, x ", T);
+    TORCH_CHECK(x.is_contiguous() && x.scalar_type() == at::kBFloat16 &&
+                    (L == 0 || x.size(1) == layers[0].attn_norm.size(0)),
+                "dense stack: x must be contiguous bfloat16 [T, H]");
     std::optional<at::Tensor> residual;
     for (int64_t i = 0; i < L; ++i) {
       const StackLayer& layer = layers[i];
@@ -99,11 +133,11 @@ struct DenseStack : torch::CustomClassHolder {
                   "dense stack: layer ", i, ": an int8 cache takes k and v scales, others none");
       std::optional<at::Tensor> k_cache, v_cache, slots;
       if (!quantized) k_cache = k_caches[i], v_cache = v_caches[i], slots = slot_mapping;
-      auto [q, k, v, res] = attention_input(
-          x, residual, layer.attn_norm, eps, layer.qkv.q, layer.qkv.d, layer.qkv.m,
-          layer.qkv.bits, vector, layer.qkv.lut, layer.qkv_bias, layer.q_norm, layer.k_norm,
-          num_heads, num_kv_heads, layer.local ? local_cos : cos, layer.local ? local_sin : sin,
-          k_cache, v_cache, slots);
+      auto [h, res] = norm_input(x, residual, layer.attn_norm, eps);
+      auto [q, k, v] = attention_qkv(
+          h, layer.qkv.q, layer.qkv.d, layer.qkv.m, layer.qkv.bits, vector, layer.qkv.lut,
+          layer.qkv_bias, layer.q_norm, layer.k_norm, eps, num_heads, num_kv_heads,
+          layer.local ? local_cos : cos, layer.local ? local_sin : sin, k_cache, v_cache, slots);
       if (quantized)
         write_kv_int8(k, v, k_caches[i], v_caches[i], *k_scale, *v_scale, slot_mapping);
       at::Tensor o = at::empty(q.sizes(), q.options());
@@ -123,12 +157,13 @@ struct DenseStack : torch::CustomClassHolder {
       at::Tensor y = lowbit_linear(o.reshape({T, -1}), layer.o.q, layer.o.d, layer.o.m,
                                    layer.o.bits, vector, layer.o.lut);
       if (layer.o_bias.has_value()) y = at::add(y, *layer.o_bias);
-      auto [out, residual_out] =
-          gated_mlp(y, res, layer.ffn_norm, eps, layer.gate_up.q, layer.gate_up.d,
-                    layer.gate_up.m, layer.gate_up.bits, layer.gate_up.lut, layer.down.q,
-                    layer.down.d, layer.down.m, layer.down.bits, layer.down.lut, vector);
-      x = out;
-      residual = residual_out;
+      if (layer.attn_out_norm.has_value()) y = rms_norm_as_torch(y, *layer.attn_out_norm, eps);
+      auto [h2, res2] = norm_input(y, res, layer.ffn_norm, eps);
+      x = mlp_output(h2, layer.gate_up.q, layer.gate_up.d, layer.gate_up.m, layer.gate_up.bits,
+                     layer.gate_up.lut, layer.down.q, layer.down.d, layer.down.m,
+                     layer.down.bits, layer.down.lut, vector, gate);
+      if (layer.ffn_out_norm.has_value()) x = rms_norm_as_torch(x, *layer.ffn_out_norm, eps);
+      residual = res2;
     }
     return residual.has_value() ? at::add(x, *residual) : x;
   }
