@@ -258,7 +258,7 @@ struct Decode {
   // so that every key and value row is read once, by one thread, where splitting the query
   // heads has each part read them all. Every score, softmax and column sum is the one
   // by_tasks computes, in the same order: the same bits.
-  void by_keys(int64_t pieces) const {
+  void by_keys(int64_t pieces, int64_t column_pieces) const {
     std::vector<Task> work(S * kvh);
     std::vector<std::array<int64_t, 3>> keys, heads, columns;  // (task, from, to)
     for (int64_t seq = 0; seq < S; ++seq) {
@@ -273,9 +273,9 @@ struct Decode {
           keys.push_back({w, lo, std::min(t.len, t.origin + (p + 1) * blocks / cuts * bs)});
         }
         for (int64_t h = 0; h < t.heads(); ++h) heads.push_back({w, h, h + 1});
-        const int64_t slices = hd / 32;
-        for (int64_t p = 0; p < pieces; ++p)
-          columns.push_back({w, p * slices / pieces * 32, (p + 1) * slices / pieces * 32});
+        const int64_t slices = hd / 32, cp = column_pieces;
+        for (int64_t p = 0; p < cp; ++p)
+          columns.push_back({w, p * slices / cp * 32, (p + 1) * slices / cp * 32});
       }
     }
     const auto each = [&](const std::vector<std::array<int64_t, 3>>& items, auto&& run) {
@@ -306,12 +306,15 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
   const Decode<T, C> d(out, q, k_cache, v_cache, block_tables, seq_lens, query_start, scale,
                        window, sinks, k_scales, v_scales);
   const int64_t tasks = d.S * d.kvh, wanted = 2 * static_cast<int64_t>(at::get_num_threads());
+  // Shares a task's work takes: keys to every thread, value columns to as many as take at
+  // least kColumnsToShare of them.
   const int64_t pieces = tasks == 0 ? 1 : (wanted + tasks - 1) / tasks;
-  if (tasks > 0 && tasks < wanted && d.bf16_passes() && d.hd / pieces >= kColumnsToShare) {
+  const int64_t column_pieces = std::min(pieces, d.hd / kColumnsToShare);
+  if (tasks > 0 && tasks < wanted && d.bf16_passes() && column_pieces >= 2) {
     int64_t keys = 0;
     for (int64_t s = 0; s < d.S; ++s)
       keys += window > 0 ? std::min<int64_t>(d.lens[s], window) : d.lens[s];
-    if (keys * d.kvh >= kKeysToShare) return d.by_keys(pieces);
+    if (keys * d.kvh >= kKeysToShare) return d.by_keys(pieces, column_pieces);
   }
   d.by_tasks(std::clamp<int64_t>(pieces, 1, d.full));
 }
