@@ -77,36 +77,52 @@ def test_windows_and_sinks_match_reference(case):
 
 
 @pytest.mark.parametrize(
-    "kv_heads,heads,head_dim,window",
-    [(3, 9, 64, 0), (1, 4, 256, 200), (1, 4, 256, 0), (2, 4, 128, 1100), (1, 2, 256, 0)],
+    "kv_heads,heads,head_dim,window,draft,int8",
+    [
+        (3, 9, 64, 0, 1, False),
+        (1, 4, 256, 200, 1, False),
+        (1, 4, 256, 0, 1, False),
+        (2, 4, 128, 1100, 1, False),
+        (1, 2, 256, 0, 1, False),
+        (1, 4, 256, 0, 4, False),
+        (1, 4, 256, 1100, 3, True),
+    ],
 )
-def test_decode_rows_do_not_depend_on_the_batch(kv_heads, heads, head_dim, window):
+def test_decode_rows_do_not_depend_on_the_batch(kv_heads, heads, head_dim, window, draft, int8):
     """A sequence's output is the same alone or among others, bit for bit: alone, its KV
     heads' query heads are split over the threads (a short context), or its keys and then
-    its columns are (one or two KV heads of 128 or more columns over 1,024 keys or more);
-    among the others, neither."""
+    its columns are (one or two KV heads of 128 or more columns over 1,024 keys or more,
+    with a draft's rows, over an 8-bit cache); among the others, neither."""
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # 4 sequences x KV heads are tasks enough; 1 is not
     try:
-        check_rows_alone_and_among_others(kv_heads, heads, head_dim, window)
+        check_rows_alone_and_among_others(kv_heads, heads, head_dim, window, draft, int8)
     finally:
         torch.set_num_threads(threads)
 
 
-def check_rows_alone_and_among_others(kv_heads, heads, head_dim, window):
-    seqs = [(300, 1), (17, 1), (1300, 1), (64, 1)]
-    k_cache, v_cache, meta = make_batch(3, 16, seqs, kv_heads, head_dim, torch.bfloat16)
-    q = torch.randn(len(seqs), heads, head_dim).bfloat16()
+def check_rows_alone_and_among_others(kv_heads, heads, head_dim, window, draft, int8):
+    seqs = [(300, 1), (17, 1), (1300, draft), (64, 1)]
+    k_cache, v_cache, meta = make_batch(
+        3, 16, seqs, kv_heads, head_dim, torch.bfloat16, num_decodes=len(seqs)
+    )
+    scales = {}
+    if int8:
+        (k_cache, v_cache, k_scale, v_scale), _ = int8_caches(k_cache, v_cache)
+        scales = {"k_scale": k_scale, "v_scale": v_scale}
+    q = torch.randn(meta.num_tokens, heads, head_dim).bfloat16()
     sinks = torch.randn(heads) if window else None
-    together = paged_attention_cpu(q, k_cache, v_cache, meta, 0.125, window, sinks)
+    together = paged_attention_cpu(q, k_cache, v_cache, meta, 0.125, window, sinks, **scales)
+    starts = meta.query_start.tolist()
     for i in range(len(seqs)):
+        a, b = starts[i], starts[i + 1]
         alone_meta = type(meta).build(
-            [1], [meta.seq_lens_cpu[i]], [meta.block_tables[i].tolist()], 16, 1
+            [b - a], [meta.seq_lens_cpu[i]], [meta.block_tables[i].tolist()], 16, 1
         )
         alone = paged_attention_cpu(
-            q[i : i + 1], k_cache, v_cache, alone_meta, 0.125, window, sinks
+            q[a:b], k_cache, v_cache, alone_meta, 0.125, window, sinks, **scales
         )
-        assert torch.equal(alone[0], together[i])
+        assert torch.equal(alone, together[a:b])
 
 
 @pytest.mark.parametrize("case", MULTI_QUERY_CASES)

@@ -186,7 +186,7 @@ struct Decode {
   }
 
   // Pass 2 for columns c_lo..c_hi - 1 (multiples of 32 on the bf16 path; all of them
-  // otherwise): out[h] = inv_sum[h] * sum_j p[h, j] v_j.
+  // otherwise, which by_keys never asks for): out[h] = inv_sum[h] * sum_j p[h, j] v_j.
   void weigh(Task& t, int64_t c_lo, int64_t c_hi) const {
     const QueryRows& rows_of = t.rows;
     const int32_t* table = tables + t.seq * table_width;
@@ -200,6 +200,8 @@ struct Decode {
       }
     }
 #endif
+    TORCH_CHECK(c_lo == 0 && c_hi == hd, "paged decode attention: only the bf16 value pass "
+                "takes a share of the columns");
     const int64_t n = rows_of.n, group = t.group, heads = t.heads();
     std::vector<float> acc(heads * hd, 0.f), vf(bs * hd);
     for (int64_t j0 = t.origin; j0 < t.len; j0 += bs) {
