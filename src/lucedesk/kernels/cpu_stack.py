@@ -26,7 +26,7 @@ class DenseStack:
     ACTIVATIONS = ("silu", "gelu_tanh")
 
     def __init__(
-        self, eps: float, num_heads: int, num_kv_heads: int, vector: bool, activation: str = "silu"
+        self, eps: float, num_heads: int, num_kv_heads: int, vector: bool, activation: str
     ) -> None:
         load_cpu_ops()  # registers the class
         require(activation in self.ACTIVATIONS, f"a dense stack's MLP cannot run {activation}")

@@ -1,5 +1,4 @@
-"""Attention for one whole sequence with no cache: the model's `Attention` without paged
-caches, the simple reference path used to check model code against other implementations."""
+"""The model's `Attention` without paged caches (`CausalAttention`)."""
 
 from __future__ import annotations
 

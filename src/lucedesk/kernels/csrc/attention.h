@@ -25,7 +25,7 @@ struct Decode {
   static constexpr bool kBf16Path =
       std::is_same_v<T, c10::BFloat16> && (std::is_same_v<C, T> || kQuantized);
 
-  int64_t S, nh, hd, kvh, num_blocks, bs, full, table_width;
+  int64_t S, hd, kvh, num_blocks, bs, full, table_width;
   int64_t q_stride_row, q_stride_head, o_stride_row, o_stride_head, window;
   const T* qp;
   const C* kp;
@@ -51,8 +51,8 @@ struct Decode {
          const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
          const at::Tensor& query_start, double scale, int64_t window, const float* sinks,
          const float* k_scales, const float* v_scales)
-      : S(query_start.size(0) - 1), nh(q.size(1)), hd(q.size(2)), kvh(k_cache.size(0)),
-        num_blocks(k_cache.size(1)), bs(k_cache.size(2)), full(nh / kvh),
+      : S(query_start.size(0) - 1), hd(q.size(2)), kvh(k_cache.size(0)),
+        num_blocks(k_cache.size(1)), bs(k_cache.size(2)), full(q.size(1) / kvh),
         table_width(block_tables.size(1)), q_stride_row(q.stride(0)), q_stride_head(q.stride(1)),
         o_stride_row(out.stride(0)), o_stride_head(out.stride(1)), window(window),
         qp(q.data_ptr<T>()), kp(k_cache.data_ptr<C>()), vp(v_cache.data_ptr<C>()),
@@ -94,7 +94,7 @@ struct Decode {
     t.inv_sum.resize(heads), t.outs.resize(heads);
     if (bf16_values()) t.pairs.assign(heads * t.half, 0);
     for (int64_t h = 0; h < heads; ++h)
-      t.outs[h] = op + (row0 + h / group) * o_stride_row + (query_head(t, h)) * o_stride_head;
+      t.outs[h] = op + (row0 + h / group) * o_stride_row + query_head(t, h) * o_stride_head;
     return true;
   }
   int64_t query_head(const Task& t, int64_t h) const {
@@ -117,7 +117,8 @@ struct Decode {
       if (bf16_passes()) {
         std::vector<c10::BFloat16> kwide(kQuantized ? 16 * hd : 0);
         for (int64_t j0 = j_lo; j0 < j_hi; j0 += 16) {
-          if (j0 % bs == 0) prefetch_block(kp, table, j0, j_hi, head, num_blocks, bs, hd);
+          if (j0 % bs == 0)
+            prefetch_block(kp, table, j0, j_hi, head, num_blocks, bs, hd, 0, hd);
           const int64_t key_row = (head * num_blocks + table[j0 / bs]) * bs + j0 % bs;
           const c10::BFloat16* kb;
           if constexpr (kQuantized) {  // sixteen keys' levels widened once for all rows

@@ -34,19 +34,18 @@ constexpr int64_t kPrefetchBlocks = 2;
 template <typename C>
 inline void prefetch_block(const C* cache, const int32_t* table, int64_t j0, int64_t len,
                            int64_t head, int64_t num_blocks, int64_t bs, int64_t hd,
-                           int64_t c_lo = 0, int64_t c_hi = -1) {
+                           int64_t c_lo, int64_t c_hi) {
   const int64_t b = j0 / bs + kPrefetchBlocks;
   if (b * bs >= len) return;
   const char* block =
       reinterpret_cast<const char*>(cache + (head * num_blocks + table[b]) * bs * hd);
-  const int64_t row = hd * sizeof(C);
-  if (c_hi < 0 || (c_lo == 0 && c_hi == hd)) {
+  const int64_t row = hd * sizeof(C), lo = c_lo * sizeof(C), hi = c_hi * sizeof(C);
+  if (lo == 0 && hi == row) {  // whole rows: the block is contiguous
     for (int64_t t = 0; t < bs * row; t += 64) __builtin_prefetch(block + t, 0, 3);
     return;
   }
-  for (int64_t r = 0; r < bs; ++r)
-    for (int64_t t = c_lo * sizeof(C); t < c_hi * static_cast<int64_t>(sizeof(C)); t += 64)
-      __builtin_prefetch(block + r * row + t, 0, 3);
+  for (int64_t r = 0; r < bs; ++r)  // from the cache line holding column c_lo
+    for (int64_t t = lo / 64 * 64; t < hi; t += 64) __builtin_prefetch(block + r * row + t, 0, 3);
 }
 
 #if defined(LUCEDESK_AVX512BF16)

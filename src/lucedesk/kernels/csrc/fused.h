@@ -63,18 +63,27 @@ at::Tensor rms_norm_as_torch(const at::Tensor& x, const at::Tensor& weight, doub
   return weight * xf.to(x.scalar_type());
 }
 
+// A low-bit weight as lowbit_linear takes it.
+struct LowBitArgs {
+  at::Tensor q, d, m;
+  int64_t bits;
+  std::optional<at::Tensor> lut;
+  at::Tensor times(const at::Tensor& x, bool vector) const {  // x @ weight.T
+    return lowbit_linear(x, q, d, m, bits, vector, lut);
+  }
+};
+
 // h [T, H] (normed) -> (q [T, nh, hd], k and v [T, kvh, hd]): the qkv matmul (+ bias),
 // q/k norms where given, rotary on q and k; with caches, k and v are also written to their
 // slots. q, k and v may be views into one [T, (nh + 2 kvh) hd] tensor.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_qkv(
-    const at::Tensor& h, const at::Tensor& q, const at::Tensor& d, const at::Tensor& m,
-    int64_t bits, bool vector, const std::optional<at::Tensor>& lut,
+    const at::Tensor& h, const LowBitArgs& weight, bool vector,
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& q_norm,
     const std::optional<at::Tensor>& k_norm, double eps, int64_t num_heads,
     int64_t num_kv_heads, const at::Tensor& cos, const at::Tensor& sin,
     std::optional<at::Tensor> k_cache, std::optional<at::Tensor> v_cache,
     const std::optional<at::Tensor>& slot_mapping) {
-  at::Tensor qkv = lowbit_linear(h, q, d, m, bits, vector, lut);
+  at::Tensor qkv = weight.times(h, vector);
   if (bias.has_value()) qkv = at::add(qkv, *bias);  // as y + bias
   const int64_t T = h.size(0), hd = qkv.size(1) / (num_heads + 2 * num_kv_heads);
   TORCH_CHECK(hd * (num_heads + 2 * num_kv_heads) == qkv.size(1) && hd % 2 == 0,
@@ -112,9 +121,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_input(
     const std::optional<at::Tensor>& slot_mapping) {
   check_activations(x, residual, norm);
   auto [h, residual_out] = add_rms_norm(x, residual, norm, eps);
-  auto [qh, kh, vh] = attention_qkv(h, q, d, m, bits, vector, lut, bias, q_norm, k_norm, eps,
-                                    num_heads, num_kv_heads, cos, sin, k_cache, v_cache,
-                                    slot_mapping);
+  auto [qh, kh, vh] = attention_qkv(h, LowBitArgs{q, d, m, bits, lut}, vector, bias, q_norm,
+                                    k_norm, eps, num_heads, num_kv_heads, cos, sin, k_cache,
+                                    v_cache, slot_mapping);
   return {qh, kh, vh, residual_out};
 }
 
@@ -124,17 +133,13 @@ enum class Gate : int64_t { kSilu = 0, kGeluTanh = 1 };
 // h [T, H] (normed) -> down(act(gate) * up) [T, H], gate|up one matmul of 2I outputs (gate
 // first), in the ATen ops the model's Python runs. Each weight has its own bit width and
 // level table.
-at::Tensor mlp_output(const at::Tensor& h, const at::Tensor& gu_q, const at::Tensor& gu_d,
-                      const at::Tensor& gu_m, int64_t gu_bits,
-                      const std::optional<at::Tensor>& gu_lut, const at::Tensor& down_q,
-                      const at::Tensor& down_d, const at::Tensor& down_m, int64_t down_bits,
-                      const std::optional<at::Tensor>& down_lut, bool vector, Gate gate) {
-  at::Tensor gate_up = lowbit_linear(h, gu_q, gu_d, gu_m, gu_bits, vector, gu_lut);
+at::Tensor mlp_output(const at::Tensor& h, const LowBitArgs& gate_up_weight,
+                      const LowBitArgs& down_weight, bool vector, Gate gate) {
+  at::Tensor gate_up = gate_up_weight.times(h, vector);
   TORCH_CHECK(gate_up.size(1) % 2 == 0, "fused layer: gate|up has an odd number of outputs");
   auto halves = gate_up.chunk(2, -1);
   at::Tensor act = gate == Gate::kSilu ? at::silu(halves[0]) : at::gelu(halves[0], "tanh");
-  return lowbit_linear(at::mul(act, halves[1]), down_q, down_d, down_m, down_bits, vector,
-                       down_lut);
+  return down_weight.times(at::mul(act, halves[1]), vector);
 }
 
 // x [T, H] + residual -> (down(silu(gate) * up) [T, H], x + residual): add_rms_norm, then
@@ -147,8 +152,8 @@ std::tuple<at::Tensor, at::Tensor> gated_mlp(
     bool vector) {
   check_activations(x, residual, norm);
   auto [h, residual_out] = add_rms_norm(x, residual, norm, eps);
-  return {mlp_output(h, gu_q, gu_d, gu_m, gu_bits, gu_lut, down_q, down_d, down_m, down_bits,
-                     down_lut, vector, Gate::kSilu),
+  return {mlp_output(h, LowBitArgs{gu_q, gu_d, gu_m, gu_bits, gu_lut},
+                     LowBitArgs{down_q, down_d, down_m, down_bits, down_lut}, vector, Gate::kSilu),
           residual_out};
 }
 

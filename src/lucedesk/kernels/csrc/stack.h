@@ -18,13 +18,6 @@
 
 namespace {
 
-// A low-bit weight as lowbit_linear takes it.
-struct LowBitArgs {
-  at::Tensor q, d, m;
-  int64_t bits;
-  std::optional<at::Tensor> lut;
-};
-
 // x (+ residual) -> (norm(x + residual), x + residual): the add_rms_norm kernel for a norm
 // in the activations' dtype; a float32 norm (Gemma 3's) as the model's Python computes it,
 // in ATen: the sum in bf16, the statistics and the product in float32, one rounding.
@@ -135,9 +128,9 @@ struct DenseStack : torch::CustomClassHolder {
       if (!quantized) k_cache = k_caches[i], v_cache = v_caches[i], slots = slot_mapping;
       auto [h, res] = norm_input(x, residual, layer.attn_norm, eps);
       auto [q, k, v] = attention_qkv(
-          h, layer.qkv.q, layer.qkv.d, layer.qkv.m, layer.qkv.bits, vector, layer.qkv.lut,
-          layer.qkv_bias, layer.q_norm, layer.k_norm, eps, num_heads, num_kv_heads,
-          layer.local ? local_cos : cos, layer.local ? local_sin : sin, k_cache, v_cache, slots);
+          h, layer.qkv, vector, layer.qkv_bias, layer.q_norm, layer.k_norm, eps, num_heads,
+          num_kv_heads, layer.local ? local_cos : cos, layer.local ? local_sin : sin, k_cache,
+          v_cache, slots);
       if (quantized)
         write_kv_int8(k, v, k_caches[i], v_caches[i], *k_scale, *v_scale, slot_mapping);
       at::Tensor o = at::empty(q.sizes(), q.options());
@@ -154,14 +147,11 @@ struct DenseStack : torch::CustomClassHolder {
                                 query_start.narrow(0, num_decodes, chunks + 1), scale,
                                 layer.window, layer.sinks, k_scale, v_scale);
       }
-      at::Tensor y = lowbit_linear(o.reshape({T, -1}), layer.o.q, layer.o.d, layer.o.m,
-                                   layer.o.bits, vector, layer.o.lut);
+      at::Tensor y = layer.o.times(o.reshape({T, -1}), vector);
       if (layer.o_bias.has_value()) y = at::add(y, *layer.o_bias);
       if (layer.attn_out_norm.has_value()) y = rms_norm_as_torch(y, *layer.attn_out_norm, eps);
       auto [h2, res2] = norm_input(y, res, layer.ffn_norm, eps);
-      x = mlp_output(h2, layer.gate_up.q, layer.gate_up.d, layer.gate_up.m, layer.gate_up.bits,
-                     layer.gate_up.lut, layer.down.q, layer.down.d, layer.down.m,
-                     layer.down.bits, layer.down.lut, vector, gate);
+      x = mlp_output(h2, layer.gate_up, layer.down, vector, gate);
       if (layer.ffn_out_norm.has_value()) x = rms_norm_as_torch(x, *layer.ffn_out_norm, eps);
       residual = res2;
     }
