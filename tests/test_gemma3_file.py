@@ -108,3 +108,38 @@ def test_greedy_continuations_match_transformers(ours, reference):
     finally:
         engine.shutdown()
     assert_greedy_matches(ref_model, prompts, got, list(ours.tokenizer.stop_token_ids), 32)
+
+
+def test_q4_holds_the_files_blocks_as_they_are(gemma_model, ours):
+    """`q4` (what `auto` takes where the VNNI kernels run): the Q5_0 and Q8_0 projections
+    and the Q8_0 LM head as 8-bit levels with the file's float16 scales, the Q4_K ones at 4
+    bits, only the Q6_K down projections from their values; its next-token predictions
+    over a text stay the float32 model's."""
+    from lucedesk.engine.build import apply_weight_format
+    from lucedesk.engine.models.causal_attention import CausalAttention
+    from lucedesk.kernels.quantized import lowbit_vector_available
+
+    held = load_model(gemma_model, torch.bfloat16)
+    model = held.model
+    wanted = "auto" if lowbit_vector_available() else "q4"
+    assert apply_weight_format(model, wanted, "cpu") == "q4"
+    for i, layer in enumerate(model.layers):
+        for proj, weight in layer.quantized.items():
+            types = set(model.block_source(i, proj).types)
+            if types <= {"Q5_0", "Q8_0"}:
+                assert (weight.bits, weight.d.dtype) == (8, torch.float16), (i, proj)
+            elif types == {"Q4_K"}:
+                assert weight.bits == 4, (i, proj)
+            else:
+                assert types == {"Q6_K"} and weight.d.dtype == torch.float32, (i, proj)
+    assert (model.lm_head_quantized.bits, model.lm_head_quantized.d.dtype) == (8, torch.float16)
+
+    text = " ".join(PROMPTS) + " The quick brown fox jumps over the lazy dog. " * 3
+    ids = torch.tensor(ours.tokenizer.encode(text))
+    with torch.inference_mode():
+        predicted = [
+            m.compute_logits(m(ids, torch.arange(len(ids)), CausalAttention(c))).argmax(-1)
+            for m, c in ((ours.model, ours.config), (model, held.config))
+        ]
+    assert len(ids) >= 60
+    assert (predicted[0] == predicted[1]).float().mean() >= 0.9

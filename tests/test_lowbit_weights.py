@@ -1,7 +1,7 @@
 """4- and 8-bit weights (kernels/quantized.py LowBitWeight, csrc/lowbit.h) and the `q4` format:
 the kernels against a torch reference of their arithmetic, the VNNI and plain paths giving
-the same bits, rows independent of their batch, GGUF 4-bit blocks taken exactly, and an
-engine on them giving each request its tokens alone."""
+the same bits, rows independent of their batch, GGUF 4-, 5- and 8-bit blocks taken exactly,
+and an engine on them giving each request its tokens alone."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
 from lucedesk.engine.build import apply_weight_format
-from lucedesk.engine.models.gguf_blocks import four_bit_groups
+from lucedesk.engine.models.gguf_blocks import block_levels
 from lucedesk.engine.models.loader import load_model
 from lucedesk.errors import ConfigError
 from lucedesk.kernels.quantized import LowBitWeight, lowbit_vector_available
@@ -126,19 +126,25 @@ def test_low_bit_weights_refuse_what_they_cannot_hold():
         LowBitWeight(levels, d, m, 2)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q4_K])
-def test_four_bit_blocks_give_gguf_dequantized_values(qtype):
-    """The levels, d and m read from a block are the values gguf's own dequantizer gives."""
+@pytest.mark.parametrize(
+    "qtype,top",
+    [(Q.Q4_0, 15), (Q.Q4_1, 15), (Q.Q4_K, 15), (Q.Q5_0, 31), (Q.Q5_1, 31), (Q.Q8_0, 255)],
+)
+def test_blocks_give_gguf_dequantized_values(qtype, top):
+    """The levels, d and m read from a block are the values gguf's own dequantizer gives,
+    to the bit: d * level + m in float32 is the same product and sum (for Q5_0 and Q8_0,
+    whose values are d * (q - offset), exact either way)."""
     rng = np.random.default_rng(int(qtype))
     if qtype == Q.Q4_K:
         raw = random_k_quant(8, 512, qtype, rng)
     else:
         raw = quants.quantize((rng.standard_normal((8, 512)) * 0.1).astype(np.float32), qtype)
     want = quants.dequantize(raw, qtype).reshape(-1)
-    levels, d, m = four_bit_groups(raw.reshape(-1), qtype.name)
-    assert levels.max() <= 15
-    got = levels.reshape(-1, 32).astype(np.float32) * d[:, None] + m[:, None]
-    np.testing.assert_allclose(got.reshape(-1), want, rtol=1e-6, atol=1e-9)
+    held = block_levels(raw.reshape(-1), qtype.name)
+    assert held.bits == (4 if top == 15 else 8)
+    assert top // 2 < held.levels.max() <= top  # (Q5's fifth bit is read)
+    got = held.levels.reshape(-1, 32).astype(np.float32) * held.d[:, None] + held.m[:, None]
+    np.testing.assert_array_equal(got.reshape(-1), want)
 
 
 # Projections in every 4-bit type (q and k also through llama.cpp's row permutation), the
@@ -179,6 +185,55 @@ def test_q4_takes_the_files_blocks_exactly(four_bit_gguf, caplog):
     got = logits(loaded, ids)
     assert (got - plain).abs().max() <= 0.05 * plain.abs().max()
     assert (got.argmax(-1) == plain.argmax(-1)).float().mean() >= 0.9
+
+
+# A file as llama.cpp's Q4_K_M mixes types (Gemma 3 270M's is so): 5-bit q, k, gate and
+# up, 8-bit v and LM head, a 4-bit o projection, a 6-bit down.
+MIXED = {
+    "output": Q.Q8_0,
+    "attn_q": Q.Q5_0,
+    "attn_k": Q.Q5_1,
+    "attn_v": Q.Q8_0,
+    "attn_output": Q.Q4_K,
+    "ffn_gate": Q.Q5_0,
+    "ffn_up": Q.Q5_1,
+    "ffn_down": Q.Q6_K,
+}
+
+
+@pytest.mark.parametrize("wanted", ["q4", "int8"])
+def test_five_and_eight_bit_blocks_are_held_as_the_files_levels(tmp_path, caplog, wanted):
+    """Each weight whose parts are grids of levels holds the file's values exactly: with q4
+    at 4 bits where every part is 4-bit, else at 8 bits with the file's float16 scales;
+    with int8 all at 8 bits. Only the Q6_K down projection is taken from its values.
+    `auto` takes q4 for a file whose MLP is 5-bit."""
+    path = write_gguf(tmp_path / "mixed.gguf", MIXED)
+    loaded = load_model(path, torch.bfloat16)
+    model = loaded.model
+    before = {p: w.clone() for p, w in model.layers[1].projections().items()}
+    head = model.lm_head.clone()
+    ids = torch.randint(0, loaded.config.vocab_size, (24,), generator=torch.Generator())
+    plain = logits(loaded, ids)
+    with caplog.at_level(logging.INFO, logger="lucedesk.engine.build"):
+        assert apply_weight_format(model, wanted, "cpu") == wanted
+    held = model.layers[1].quantized
+    if not isinstance(held["qkv_proj"], LowBitWeight):
+        pytest.skip("int8 runs on AMX tiles here, from the weights' values")
+    grids = {"qkv_proj": 8, "o_proj": 4 if wanted == "q4" else 8, "gate_up_proj": 8}
+    for proj, bits in grids.items():
+        assert held[proj].bits == bits
+        assert torch.equal(held[proj].dequantize().bfloat16(), before[proj])
+    assert held["qkv_proj"].d.dtype == held["gate_up_proj"].d.dtype == torch.float16
+    assert held["down_proj"].bits == 8 and held["down_proj"].d.dtype == torch.float32
+    lm_head = model.lm_head_quantized
+    assert lm_head.bits == 8 and lm_head.d.dtype == torch.float16
+    assert torch.equal(lm_head.dequantize().bfloat16(), head)
+    assert "as the file's levels (Q5_0+Q5_1+Q8_0)" in caplog.text
+    assert "from their values (Q6_K)" in caplog.text
+    got = logits(loaded, ids)
+    assert (got - plain).abs().max() <= 0.05 * plain.abs().max()
+    expected = "q4" if lowbit_vector_available() else "dtype"
+    assert apply_weight_format(load_model(path, torch.bfloat16).model, "auto", "cpu") == expected
 
 
 def logits(loaded, ids: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ from lucedesk.engine.models.expert_weights import (
     materialize_dense,
     quantize_experts,
 )
-from lucedesk.engine.models.gguf_blocks import FOUR_BIT_TYPES
+from lucedesk.engine.models.gguf_blocks import LOW_BIT_TYPES
 from lucedesk.engine.models.loader import LoadedModel, load_model
 from lucedesk.engine.runner import TorchSeqEngine
 from lucedesk.engine.scheduler import Scheduler
@@ -229,13 +229,15 @@ def apply_weight_format(model: DecoderModel, wanted: str, kernels: str) -> str:
 
     Decode streams every weight each step, so fewer bytes a weight is speed. Both formats
     run in the C++ CPU kernels on bf16 activations:
-    - q4: a GGUF file's 4-bit blocks (Q4_0, Q4_1, Q4_K) as they are, 0.75 bytes a weight;
-      a weight in another type (the LM head often is) is held at 8 bits, with a notice
-      naming the type;
-    - int8: an affine scale per 32 inputs, 1.25 bytes a weight.
-    `auto` takes q4 for a 4-bit file where the VNNI kernels run, else int8 where AMX tiles
-    or VNNI run it fast, else the model dtype. A mixture's experts take the same format
-    (expert_weights.py: the file's own 4-bit, MXFP4 or Q8_0 levels where it has them)."""
+    - q4: a GGUF file's blocks as they are: 4-bit ones (Q4_0, Q4_1, Q4_K) at 4 bits, 0.625
+      to 0.75 bytes a weight; Q5_0, Q5_1 and Q8_0 ones (and a fused weight with such a
+      part) at 8 bits, 1.125 bytes; a weight in any other type at 8 bits from its values,
+      1.25 bytes (`_maker` logs which were held how);
+    - int8: an affine scale per 32 inputs, 1.125 to 1.25 bytes a weight (the file's levels
+      where its blocks are grids, as for q4 but all at 8 bits).
+    `auto` takes q4 for a 4- or 5-bit file where the VNNI kernels run, else int8 where AMX
+    tiles or VNNI run it fast, else the model dtype. A mixture's experts take the same format
+    (expert_weights.py: the file's own 4-bit, MXFP4 or 8-bit levels where it has them)."""
     from lucedesk.kernels.quantized import (
         LowBitWeight,
         int8_tiles_available,
@@ -276,11 +278,12 @@ def apply_weight_format(model: DecoderModel, wanted: str, kernels: str) -> str:
         )
     if wanted == "q4" and not _four_bit_file(model):
         raise ConfigError(
-            "weights 'q4' need a GGUF file whose projections are in a 4-bit type "
-            f"(Q4_0, Q4_1, Q4_K); this model's are {_first_type(model) or 'not from a GGUF file'}"
+            "weights 'q4' need a GGUF file whose projections are in a 4- or 5-bit type "
+            f"({', '.join(LOW_BIT_TYPES)}); "
+            f"this model's are {_first_type(model) or 'not from a GGUF file'}"
         )
     started = time.perf_counter()
-    model.quantize(wanted, _q4_maker(model) if wanted == "q4" else _int8_maker())
+    model.quantize(wanted, _maker(model, wanted))
     quantize_experts(model, wanted)
     log.info("weights held as %s in %.1f s", wanted, time.perf_counter() - started)
     return wanted
@@ -290,20 +293,26 @@ def _first_type(model: DecoderModel) -> str | None:
     """The type of the first layer's MLP weights in the file (its experts' in a mixture)."""
     if model.layers[0].moe is not None and model.expert_source is not None:
         return model.expert_source.type_name(0, "gate_up")
-    source = model.four_bit_source
+    source = model.block_source
     return None if source is None else source(0, "gate_up_proj").type_name
 
 
 def _four_bit_file(model: DecoderModel) -> bool:
-    """Whether the file holds the first layer's MLP weights in a 4-bit type."""
+    """Whether the file holds the first layer's MLP weights in a 4- or 5-bit type."""
     if model.layers[0].moe is not None:
-        return _first_type(model) in (*FOUR_BIT_TYPES, "MXFP4")
-    source = model.four_bit_source
-    return source is not None and source(0, "gate_up_proj").four_bit
+        return _first_type(model) in (*LOW_BIT_TYPES, "MXFP4")
+    source = model.block_source
+    return source is not None and all(t in LOW_BIT_TYPES for t in source(0, "gate_up_proj").types)
 
 
-def _int8_maker() -> Callable[[int | None, str, torch.Tensor], Projection]:
-    """int8: AMX tiles where the CPU has them, else the VNNI kernels at 8 bits, else loops."""
+def _maker(
+    model: DecoderModel, wanted: str
+) -> Callable[[int | None, str, torch.Tensor], Projection]:
+    """Each weight as the file's levels where its blocks are grids (FileBlocks.bits): for
+    q4 at 4 bits where every part is in a 4-bit type, else (and for int8) at 8 bits, the
+    scales float16 where the file's are; any other weight at 8 bits from its values. int8
+    takes AMX tiles where the CPU has them, from the values. One notice (the LM head comes
+    last) says how many weights were held which way, by type."""
     from lucedesk.kernels.quantized import (
         Int8Weight,
         LowBitWeight,
@@ -311,33 +320,27 @@ def _int8_maker() -> Callable[[int | None, str, torch.Tensor], Projection]:
         lowbit_vector_available,
     )
 
-    def make(layer: int | None, proj: str, w: torch.Tensor) -> Projection:
-        if not int8_tiles_available() and lowbit_vector_available() and LowBitWeight.fits(w.shape):
-            return LowBitWeight.from_float(w)
-        return Int8Weight(w)
-
-    return make
-
-
-def _q4_maker(model: DecoderModel) -> Callable[[int | None, str, torch.Tensor], Projection]:
-    """q4: each weight from the file's 4-bit blocks; any other at 8 bits, reported once
-    (the LM head comes last) by type."""
-    from lucedesk.kernels.quantized import Int8Weight, LowBitWeight
-
-    source = model.four_bit_source
-    assert source is not None
-    wider: dict[str, int] = {}
+    source = model.block_source
+    low_bit = wanted == "q4" or (not int8_tiles_available() and lowbit_vector_available())
+    held: dict[tuple[str, str], int] = {}
 
     def make(layer: int | None, proj: str, w: torch.Tensor) -> Projection:
-        blocks = source(layer, proj)
-        if blocks.groups is not None and LowBitWeight.fits(w.shape):
-            made: Projection = LowBitWeight(*blocks.groups, bits=4)
+        blocks = None if source is None else source(layer, proj)
+        if not (low_bit and LowBitWeight.fits(w.shape)):
+            made: Projection = Int8Weight(w)
+            how = "at 8 bits from their values"
+        elif blocks is not None and blocks.bits is not None:
+            bits = blocks.bits if wanted == "q4" else 8
+            made = LowBitWeight(*blocks.levels, bits=bits)
+            how = f"at {bits} bits as the file's levels"
         else:
-            wider[blocks.type_name] = wider.get(blocks.type_name, 0) + 1
-            made = LowBitWeight.from_float(w) if LowBitWeight.fits(w.shape) else Int8Weight(w)
-        if layer is None and wider:
-            kinds = ", ".join(f"{n} in {t}" for t, n in sorted(wider.items()))
-            log.info("weights q4: matmul weights not in a 4-bit type held at 8 bits (%s)", kinds)
+            made = LowBitWeight.from_float(w)
+            how = "at 8 bits from their values"
+        kind = "+".join(dict.fromkeys(blocks.types)) if blocks is not None else "the model's"
+        held[how, kind] = held.get((how, kind), 0) + 1
+        if layer is None:
+            ways = "; ".join(f"{n} {how} ({kind})" for (how, kind), n in sorted(held.items()))
+            log.info("weights %s: matmul weights held %s", wanted, ways)
         return made
 
     return make

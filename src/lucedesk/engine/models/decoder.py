@@ -71,8 +71,8 @@ class Attention(Protocol):
 # A weight in another format (int8, 4-bit): called on activations [M, K] -> [M, N].
 Projection = Callable[[torch.Tensor], torch.Tensor]
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
-# (layer or None for the LM head, projection) -> the file's blocks (GGUFFile.four_bit).
-FourBitSource = Callable[[int | None, str], Any]
+# (layer or None for the LM head, projection) -> the file's blocks (GGUFFile.blocks).
+BlockSource = Callable[[int | None, str], Any]
 
 
 class RotaryTable:
@@ -131,8 +131,8 @@ class DecoderModel(nn.Module):
         # All layers as one call a step (the kernels' DenseStack), where they take it.
         self.stack: Any = None
         self.weight_format = "dtype"  # or "int8" / "q4" after quantize()
-        # A GGUF file's 4-bit blocks of one projection (see GGUFFile.four_bit), for "q4".
-        self.four_bit_source: FourBitSource | None = None
+        # A GGUF file's blocks of one projection (see GGUFFile.blocks), for "q4" and "int8".
+        self.block_source: BlockSource | None = None
         # Where a mixture of experts' weights come from when they are not loaded densely
         # (a GGUF file's expert tensors, see families.ExpertSource).
         self.expert_source: Any = None

@@ -14,9 +14,13 @@ blocks hold it, for the low-bit kernels to take as is (`block_levels`).
                            d = 2^(e - 128) and m = -12 d.
     Q8_0 (34 bytes / 32):  fp16 d, 32 int8 q; value = d * q, as 8-bit levels q + 128 with
                            m = -128 d.
+    Q5_0 (22 bytes / 32):  fp16 d, 32 high bits (a little-endian uint32, bit j value j's),
+                           16 bytes of low nibbles; value = d * (level - 16), level in 0..31:
+                           8-bit levels with m = -16 d.
+    Q5_1 (24 bytes / 32):  fp16 d and m, then as Q5_0; value = d * level + m.
 
-In Q4_0, Q4_1 and MXFP4 a block's byte j holds value j (low nibble) and j + 16 (high); in
-Q4_K each 32 bytes hold two groups, the low nibbles the first.
+In Q4_0, Q4_1, Q5_0, Q5_1 and MXFP4 a block's byte j of nibbles holds value j (low nibble)
+and j + 16 (high); in Q4_K each 32 bytes hold two groups, the low nibbles the first.
 """
 
 from __future__ import annotations
@@ -47,7 +51,10 @@ SUPPORTED_TYPES = (  # `dequantize_blocks` reads these
     "MXFP4",
 )
 FOUR_BIT_TYPES = ("Q4_0", "Q4_1", "Q4_K")  # levels are the nibbles themselves
-LEVEL_TYPES = (*FOUR_BIT_TYPES, "MXFP4", "Q8_0")  # held exactly by `block_levels`
+EIGHT_BIT_TYPES = ("Q5_0", "Q5_1", "Q8_0")  # levels below 256 with one d and m a group
+LEVEL_TYPES = (*FOUR_BIT_TYPES, "MXFP4", *EIGHT_BIT_TYPES)  # held exactly by `block_levels`
+GRID_TYPES = (*FOUR_BIT_TYPES, *EIGHT_BIT_TYPES)  # levels without a table: parts can be fused
+LOW_BIT_TYPES = (*FOUR_BIT_TYPES, "Q5_0", "Q5_1")  # the types of a file `q4` weights are for
 
 
 class Levels(NamedTuple):
@@ -62,18 +69,37 @@ class Levels(NamedTuple):
     table: tuple[int, ...] | None = None
 
 
+# llama.cpp's simple (not K-quant) block types: (has an fp16 m, bytes of high bits, m =
+# -offset d without one); a block is fp16 d, the fp16 m, the high bits, 16 bytes of nibbles.
+SIMPLE_BLOCKS = {
+    "Q4_0": (False, 0, 8),
+    "Q4_1": (True, 0, 0),
+    "Q5_0": (False, 4, 16),
+    "Q5_1": (True, 4, 0),
+}
+
+
+def _simple_groups(raw: np.ndarray, type_name: str) -> tuple[np.ndarray, ...]:
+    """Q4_0, Q4_1, Q5_0 or Q5_1 blocks -> (levels uint8 [values], d, m float32 [values /
+    32]), in the tensor's value order."""
+    has_m, high_bytes, offset = SIMPLE_BLOCKS[type_name]
+    scales = 2 + 2 * has_m
+    blocks = raw.reshape(-1, scales + high_bytes + 16)
+    half = blocks[:, :scales].copy().view(np.float16).astype(np.float32)
+    d = half[:, 0]
+    m = half[:, 1] if has_m else -offset * d
+    qs = blocks[:, -16:]
+    levels = np.concatenate([qs & 0x0F, qs >> 4], axis=1)
+    if high_bytes:  # bit j of a little-endian uint32 is value j's fifth bit
+        levels |= np.unpackbits(blocks[:, scales : scales + 4], axis=1, bitorder="little") << 4
+    return levels.reshape(-1), d, m
+
+
 def four_bit_groups(raw: np.ndarray, type_name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Blocks of a 4-bit type -> (levels uint8 [values], d, m float32 [values / 32]), level
     in 0..15, in the tensor's value order."""
     if type_name in ("Q4_0", "Q4_1"):
-        blocks = raw.reshape(-1, 18 if type_name == "Q4_0" else 20)
-        d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)[:, 0]
-        if type_name == "Q4_0":
-            m, qs = -8 * d, blocks[:, 2:]
-        else:
-            m, qs = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)[:, 0], blocks[:, 4:]
-        levels = np.concatenate([qs & 0x0F, qs >> 4], axis=1)
-        return levels.reshape(-1), d, m
+        return _simple_groups(raw, type_name)
     if type_name == "Q4_K":
         from gguf.quants import Q4_K
 
@@ -106,17 +132,9 @@ def block_levels(raw: np.ndarray, type_name: str) -> Levels:
         d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)[:, 0]
         q = blocks[:, 2:].copy().view(np.int8).astype(np.int16)
         return Levels((q + 128).astype(np.uint8).reshape(-1), d, -128 * d, 8)
+    if type_name in ("Q5_0", "Q5_1"):
+        return Levels(*_simple_groups(raw, type_name), bits=8)
     raise ValueError(f"{type_name} blocks are not held as levels ({', '.join(LEVEL_TYPES)})")
-
-
-def four_bit_matrix(
-    raw: np.ndarray, type_name: str, shape: tuple[int, ...]
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A [rows, cols] tensor's blocks of a 4-bit type -> (levels uint8 [rows, cols], d and m
-    float32 [rows, cols / 32])."""
-    rows, cols = shape
-    levels, d, m = (torch.from_numpy(a) for a in four_bit_groups(raw, type_name))
-    return levels.view(rows, cols), d.view(rows, -1), m.view(rows, -1)
 
 
 def dequantize_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -136,18 +154,30 @@ def dequantize_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, ...]) -
 
 
 @dataclass(frozen=True)
-class FourBitBlocks:
-    """One fused projection's blocks; read and decoded only when `groups` is asked for, so
-    checking a file's types costs nothing."""
+class FileBlocks:
+    """One fused projection's parts as the file holds them: their types, and their levels
+    read and decoded only when `levels` is asked for, so checking a file's types costs
+    nothing."""
 
-    type_name: str  # the first part not in a 4-bit type, else the first part's
-    decode: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None
+    types: tuple[str, ...]  # of the parts, in order
+    decode: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
     @property
-    def four_bit(self) -> bool:
-        return self.decode is not None
+    def type_name(self) -> str:
+        """The first part's type that is not 4- or 5-bit, else the first part's (what a
+        message about the projection names)."""
+        return next((t for t in self.types if t not in LOW_BIT_TYPES), self.types[0])
+
+    @property
+    def bits(self) -> int | None:
+        """4 where every part is in a 4-bit type, 8 where every part's levels are below 256
+        (4-bit ones among them), None where a part is not a grid of levels."""
+        if all(t in FOUR_BIT_TYPES for t in self.types):
+            return 4
+        return 8 if all(t in GRID_TYPES for t in self.types) else None
 
     @functools.cached_property
-    def groups(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """(levels, d, m), or None when a part is not in a 4-bit type."""
-        return None if self.decode is None else self.decode()
+    def levels(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(levels uint8 [N, K], d and m float32 [N, K / 32]) with weight = d * level + m,
+        exactly as the blocks hold it; None where `bits` is."""
+        return None if self.bits is None else self.decode()

@@ -19,13 +19,11 @@ from lucedesk.engine.models.config import ModelConfig
 from lucedesk.engine.models.families import BY_GGUF_ARCH
 from lucedesk.engine.models.family import Family
 from lucedesk.engine.models.gguf_blocks import (
-    FOUR_BIT_TYPES,
     SUPPORTED_TYPES,
-    FourBitBlocks,
+    FileBlocks,
     Levels,
     block_levels,
     dequantize_blocks,
-    four_bit_matrix,
 )
 from lucedesk.errors import ModelLoadError
 
@@ -332,23 +330,23 @@ class GGUFFile:
         """One expert's [rows, cols] weight in float32."""
         return self._dequantize(self.expert_slice(t, expert))
 
-    def four_bit(self, config: ModelConfig, layer: int | None, proj: str) -> FourBitBlocks:
-        """One fused projection as 4-bit levels with an affine scale per group of 32
-        inputs: (levels uint8 [N, K] in 0..15, d and m float32 [N, K / 32]) with
-        weight = d * level + m, exactly as the file's blocks hold it; no groups when a
-        part is in another type (named)."""
+    def blocks(self, config: ModelConfig, layer: int | None, proj: str) -> FileBlocks:
+        """One fused projection's blocks: its parts' types, and (`FileBlocks.levels`) where
+        they are grids, levels uint8 [N, K] with d and m float32 [N, K / 32] and
+        weight = d * level + m, exactly as the file holds it."""
         infos = self.projection_tensors(layer, proj)
-        other = [t.type_name for t in infos if t.type_name not in FOUR_BIT_TYPES]
-        if other:
-            return FourBitBlocks(other[0], None)
-        return FourBitBlocks(infos[0].type_name, lambda: self._four_bit_groups(config, infos))
+        types = tuple(t.type_name for t in infos)
+        return FileBlocks(types, lambda: self._levels(config, infos))
 
-    def _four_bit_groups(
+    def _levels(
         self, config: ModelConfig, infos: list[TensorInfo]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         parts = []
         for t in infos:
-            levels, d, m = four_bit_matrix(self.raw(t), t.type_name, t.shape)
+            rows, cols = t.shape
+            held = block_levels(self.raw(t), t.type_name)
+            levels = torch.from_numpy(held.levels).view(rows, cols)
+            d, m = (torch.from_numpy(a).view(rows, -1) for a in (held.d, held.m))
             if self.family.permuted_qk and t.name.endswith(("attn_q.weight", "attn_k.weight")):
                 heads = config.num_heads if "attn_q" in t.name else config.num_kv_heads
                 levels, d, m = (unpermute(x, heads) for x in (levels, d, m))

@@ -67,7 +67,7 @@ def load_model(
     _family_defaults(tokenizer, BY_NAME[config.architecture])
     model = DecoderModel(config, dtype)
     if gguf is not None:
-        model.four_bit_source = functools.partial(gguf.four_bit, config)
+        model.block_source = functools.partial(gguf.blocks, config)
         if config.is_moe:
             model.expert_source = GGUFExperts(gguf)
     load_weights(model, weights, str(path))
