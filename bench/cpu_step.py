@@ -25,7 +25,9 @@ from lucedesk.pull import resolve_model
 
 def weight_bytes(model) -> int:
     """Bytes a one-row step reads of the matmul weights: every layer's projections and the
-    LM head, as held."""
+    LM head, as held (in the model dtype where they are not quantized)."""
+    if model.weight_format == "dtype":
+        return sum(w.numel() * w.element_size() for w in model.projection_weights())
     held = [w for layer in model.layers for w in layer.quantized.values()]
     held.append(model.lm_head_quantized)
     return sum(w.nbytes for w in held if w is not None)
