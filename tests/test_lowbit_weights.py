@@ -74,6 +74,27 @@ def test_low_bit_weights_compute_their_stated_arithmetic(bits, n, k):
     assert weight.nbytes < n * k * (0.76 if bits == 4 else 1.26)
 
 
+def test_activations_are_quantized_to_nearest_ties_to_even():
+    """An identity weight (level 1 on the diagonal, d = 1, m = 0) reads each activation back
+    as the kernels quantized it, exactly: amax / 127 * round(x * 127 / amax), halves to
+    even; rows of ties (amax 127: the products are the inputs), zeros and wide ranges."""
+    k = 96
+    x = torch.randn(6, k, generator=torch.Generator().manual_seed(3)) * 3
+    x[1, :32] = torch.tensor([127.0] + [i + 0.5 for i in range(-15, 16)])
+    x[1, 32:64] = -x[1, :32]
+    x[2, 64:] = 0
+    x[4] *= torch.logspace(-20, 20, k)
+    x = x.bfloat16()
+    groups = x.float().view(6, -1, 32)
+    amax = groups.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    want = (torch.round(groups * inv) * (amax / 127)).view(6, k).bfloat16()
+    ones = torch.eye(k, dtype=torch.uint8)
+    for vector in PATHS:
+        weight = LowBitWeight(ones, torch.ones(k, k // 32), torch.zeros(k, k // 32), 8, vector)
+        assert torch.equal(weight(x), want)
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 def test_low_bit_rows_do_not_depend_on_the_batch(bits):
     levels, d, m, g = random_levels(960, 576, bits, 5)

@@ -38,23 +38,49 @@ struct RowsQ8 {
   std::vector<float> s;  // xs: xd times the sum of the group's levels
 };
 
+// One group of 32 activations -> levels q = nearbyint(x * 127 / amax) (to nearest, ties to
+// even, in the default rounding mode; NaNs take no part in amax), returning amax and the
+// levels' sum. The vector path computes the same products and roundings lane by lane.
+inline std::pair<float, int32_t> quantize_group(const c10::BFloat16* x, int8_t* q) {
+#ifdef LUCEDESK_VNNI
+  const __m512i raw = _mm512_loadu_si512(x);
+  const auto wide = [](__m256i half) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+  };
+  const __m512 lo = wide(_mm512_castsi512_si256(raw));
+  const __m512 hi = wide(_mm512_extracti64x4_epi64(raw, 1));
+  // max_ps returns its second operand where either is NaN: the running max, never a NaN.
+  const __m512 top = _mm512_max_ps(_mm512_abs_ps(lo), _mm512_setzero_ps());
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(hi), top));
+  const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+  const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, inv));
+  const __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, inv));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(qlo));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(qhi));
+  return {amax, _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi))};
+#else
+  float v[32];
+  widen(v, x, 32);
+  float amax = 0.f;
+  for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[i]));
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  int32_t sum = 0;
+  for (int i = 0; i < 32; ++i) {
+    const int32_t level = static_cast<int32_t>(std::nearbyint(v[i] * inv));
+    q[i] = static_cast<int8_t>(level);
+    sum += level;
+  }
+  return {amax, sum};
+#endif
+}
+
 RowsQ8 quantize_rows(const c10::BFloat16* x, int64_t M, int64_t K) {
   const int64_t groups = K / 32;
   RowsQ8 out{std::vector<int8_t>(M * K), std::vector<float>(M * groups),
              std::vector<float>(M * groups)};
   at::parallel_for(0, M * groups, 64, [&](int64_t begin, int64_t end) {
-    float v[32];
     for (int64_t g = begin; g < end; ++g) {
-      widen(v, x + g * 32, 32);
-      float amax = 0.f;
-      for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[i]));
-      const float inv = amax > 0.f ? 127.f / amax : 0.f;
-      int32_t sum = 0;
-      for (int i = 0; i < 32; ++i) {
-        const int32_t level = static_cast<int32_t>(std::nearbyint(v[i] * inv));
-        out.q[g * 32 + i] = static_cast<int8_t>(level);
-        sum += level;
-      }
+      const auto [amax, sum] = quantize_group(x + g * 32, out.q.data() + g * 32);
       out.d[g] = amax / 127.f;
       out.s[g] = out.d[g] * static_cast<float>(sum);
     }
