@@ -2,8 +2,9 @@
 pool, block size and prompt chunks; 16 slots, so that C16 runs): the offline workload of
 the CPU tables (256-token prompts, 128 output tokens, ignore_eos, greedy, prompt lookup
 off) at C1 and C16, and at each level the decode step's share of the device's memory
-bandwidth: the bytes a step reads (every matmul weight once, and each running sequence's
-K/V at the workload's mean context) over the time per output token, against the peak.
+bandwidth: the bytes a step reads (every dense matmul weight once, experts not counted, and
+each running sequence's K/V at the workload's mean context) over the time per output
+token, against the peak.
 
     python bench/gpu_engine.py [--profile r9700] [--model PATH] [--peak-gbs N] [--set K=V]
 

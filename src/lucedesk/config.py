@@ -30,8 +30,8 @@ class EngineConfig:
     kernels: str = "auto"  # auto = triton on a GPU, the C++ cpu kernels (or torch) on a CPU
     # dtype = matmul weights in the model dtype; int8 = weight-only int8 (cpu kernels, bf16);
     # q4 = a GGUF file's blocks as they are: 4-bit ones at 4 bits, Q5_0/Q5_1/Q8_0 at 8 bits
-    # (cpu kernels, bf16); auto = q4 for a 4- or 5-bit file, else int8, where the cpu
-    # kernels run them fast on a bf16 model, else dtype.
+    # (cpu kernels, bf16); auto = q4 for a Q4_0/Q4_1/Q4_K file (and Q5_0/Q5_1 without AMX),
+    # else int8, where the cpu kernels run them fast on a bf16 model, else dtype.
     weights: str = "dtype"
     # K/V cache storage: dtype = the model dtype; int8 = 8-bit values with a float32 scale
     # per token and KV head (about half the bytes, so twice the tokens in the same memory).

@@ -21,7 +21,7 @@ from lucedesk.engine.models.expert_weights import (
     materialize_dense,
     quantize_experts,
 )
-from lucedesk.engine.models.gguf_blocks import LOW_BIT_TYPES
+from lucedesk.engine.models.gguf_blocks import FOUR_BIT_TYPES, LOW_BIT_TYPES
 from lucedesk.engine.models.loader import LoadedModel, load_model
 from lucedesk.engine.runner import TorchSeqEngine
 from lucedesk.engine.scheduler import Scheduler
@@ -231,12 +231,14 @@ def apply_weight_format(model: DecoderModel, wanted: str, kernels: str) -> str:
     run in the C++ CPU kernels on bf16 activations:
     - q4: a GGUF file's blocks as they are: 4-bit ones (Q4_0, Q4_1, Q4_K) at 4 bits, 0.625
       to 0.75 bytes a weight; Q5_0, Q5_1 and Q8_0 ones (and a fused weight with such a
-      part) at 8 bits, 1.125 bytes; a weight in any other type at 8 bits from its values,
+      part) at 8 bits, 1.125 bytes where the scales are float16 (1.25 where a Q4_K part's
+      are not); a weight in any other type (Q5_K, Q6_K, float) at 8 bits from its values,
       1.25 bytes (`_maker` logs which were held how);
     - int8: an affine scale per 32 inputs, 1.125 to 1.25 bytes a weight (the file's levels
       where its blocks are grids, as for q4 but all at 8 bits).
-    `auto` takes q4 for a 4- or 5-bit file where the VNNI kernels run, else int8 where AMX
-    tiles or VNNI run it fast, else the model dtype. A mixture's experts take the same format
+    `auto` takes q4 where the VNNI kernels run for a file in Q4_0, Q4_1 or Q4_K, and for
+    one in Q5_0 or Q5_1 where there are no AMX tiles; else int8 where AMX tiles or VNNI run
+    it fast, else the model dtype. A mixture's experts take the same format
     (expert_weights.py: the file's own 4-bit, MXFP4 or 8-bit levels where it has them)."""
     from lucedesk.kernels.quantized import (
         LowBitWeight,
@@ -250,7 +252,9 @@ def apply_weight_format(model: DecoderModel, wanted: str, kernels: str) -> str:
         wanted = model.weight_format  # already chosen (an engine rebuilt on the same weights)
     if wanted == "auto":
         whole = all(LowBitWeight.fits(tuple(w.shape)) for w in weights) and experts_fit(model)
-        if usable and whole and lowbit_vector_available() and _four_bit_file(model):
+        # A 5-bit file saves few bytes at 8 bits: where AMX tiles run int8, it stays there.
+        five_bit = not int8_tiles_available()
+        if usable and whole and lowbit_vector_available() and _low_bit_file(model, five_bit):
             wanted = "q4"
         elif usable and whole and (int8_tiles_available() or lowbit_vector_available()):
             wanted = "int8"
@@ -276,10 +280,10 @@ def apply_weight_format(model: DecoderModel, wanted: str, kernels: str) -> str:
             f"weights {wanted!r} need matmul inputs in multiples of {LowBitWeight.GROUP} "
             f"(this model has {odd[0]})"
         )
-    if wanted == "q4" and not _four_bit_file(model):
+    if wanted == "q4" and not _low_bit_file(model, five_bit=True):
         raise ConfigError(
             "weights 'q4' need a GGUF file whose projections are in a 4- or 5-bit type "
-            f"({', '.join(LOW_BIT_TYPES)}); "
+            f"({', '.join(LOW_BIT_TYPES)}; a mixture's experts also MXFP4); "
             f"this model's are {_first_type(model) or 'not from a GGUF file'}"
         )
     started = time.perf_counter()
@@ -297,12 +301,14 @@ def _first_type(model: DecoderModel) -> str | None:
     return None if source is None else source(0, "gate_up_proj").type_name
 
 
-def _four_bit_file(model: DecoderModel) -> bool:
-    """Whether the file holds the first layer's MLP weights in a 4- or 5-bit type."""
+def _low_bit_file(model: DecoderModel, five_bit: bool) -> bool:
+    """Whether the file holds the first layer's MLP weights in a 4-bit type (or a 5-bit one:
+    LOW_BIT_TYPES), or in MXFP4 for a mixture's experts."""
+    types = LOW_BIT_TYPES if five_bit else FOUR_BIT_TYPES
     if model.layers[0].moe is not None:
-        return _first_type(model) in (*LOW_BIT_TYPES, "MXFP4")
+        return _first_type(model) in (*types, "MXFP4")
     source = model.block_source
-    return source is not None and all(t in LOW_BIT_TYPES for t in source(0, "gate_up_proj").types)
+    return source is not None and all(t in types for t in source(0, "gate_up_proj").types)
 
 
 def _maker(
@@ -336,7 +342,8 @@ def _maker(
         else:
             made = LowBitWeight.from_float(w)
             how = "at 8 bits from their values"
-        kind = "+".join(dict.fromkeys(blocks.types)) if blocks is not None else "the model's"
+        kinds = blocks.types if blocks is not None else [str(w.dtype).removeprefix("torch.")]
+        kind = "+".join(dict.fromkeys(kinds))
         held[how, kind] = held.get((how, kind), 0) + 1
         if layer is None:
             ways = "; ".join(f"{n} {how} ({kind})" for (how, kind), n in sorted(held.items()))

@@ -3,8 +3,8 @@ densely in the model dtype or as low-bit weights taken from the file's own block
 
 The experts are most of an MoE model's bytes (Qwen3-30B-A3B: 29 of 30 B parameters), so a
 model loaded from a GGUF file keeps them in the file until the weight format is chosen: as
-4-bit (Q4_0/Q4_1/Q4_K, MXFP4) or 8-bit (Q8_0) levels exactly as the blocks hold them, never
-widened; other types are widened one expert at a time and held at 8 bits."""
+4-bit (Q4_0/Q4_1/Q4_K, MXFP4) or 8-bit (Q5_0/Q5_1/Q8_0) levels exactly as the blocks hold
+them, never widened; other types are widened one expert at a time and held at 8 bits."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def materialize_dense(model: DecoderModel) -> None:
 
 def quantize_experts(model: DecoderModel, weights: str) -> None:
     """Every expert weight as low-bit levels: for `q4`, the file's 4- or 8-bit levels where
-    its blocks are a grid; for `int8`, its 8-bit levels (Q8_0) where they are; else each
+    its blocks are a grid; for `int8`, its 8-bit levels (Q5_0/Q5_1/Q8_0) where they are; else each
     expert widened alone and held at 8 bits. Dense copies are released."""
     from lucedesk.kernels.quantized import GroupedLowBitWeight, eight_bit
 

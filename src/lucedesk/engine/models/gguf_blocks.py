@@ -86,8 +86,8 @@ def _simple_groups(raw: np.ndarray, type_name: str) -> tuple[np.ndarray, ...]:
     scales = 2 + 2 * has_m
     blocks = raw.reshape(-1, scales + high_bytes + 16)
     half = blocks[:, :scales].copy().view(np.float16).astype(np.float32)
-    d = half[:, 0]
-    m = half[:, 1] if has_m else -offset * d
+    d = half[:, 0].copy()
+    m = half[:, 1].copy() if has_m else -offset * d
     qs = blocks[:, -16:]
     levels = np.concatenate([qs & 0x0F, qs >> 4], axis=1)
     if high_bytes:  # bit j of a little-endian uint32 is value j's fifth bit
@@ -130,8 +130,8 @@ def block_levels(raw: np.ndarray, type_name: str) -> Levels:
     if type_name == "Q8_0":
         blocks = raw.reshape(-1, 34)
         d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)[:, 0]
-        q = blocks[:, 2:].copy().view(np.int8).astype(np.int16)
-        return Levels((q + 128).astype(np.uint8).reshape(-1), d, -128 * d, 8)
+        levels = blocks[:, 2:] ^ np.uint8(0x80)  # int8 q's bits -> q + 128, one copy
+        return Levels(levels.reshape(-1), d, -128 * d, 8)
     if type_name in ("Q5_0", "Q5_1"):
         return Levels(*_simple_groups(raw, type_name), bits=8)
     raise ValueError(f"{type_name} blocks are not held as levels ({', '.join(LEVEL_TYPES)})")

@@ -351,7 +351,9 @@ class GGUFFile:
                 heads = config.num_heads if "attn_q" in t.name else config.num_kv_heads
                 levels, d, m = (unpermute(x, heads) for x in (levels, d, m))
             parts.append((levels, d, m))
-        levels, d, m = (torch.cat(x).contiguous() for x in zip(*parts))
+        if len(parts) == 1:  # an unfused weight (the LM head) without another copy
+            return parts[0]
+        levels, d, m = (torch.cat(x) for x in zip(*parts))
         return levels, d, m
 
     def weights(self, config: ModelConfig) -> dict[str, torch.Tensor]:
