@@ -18,6 +18,7 @@ from lucedesk.engine.models.gguf_blocks import block_levels
 from lucedesk.engine.models.loader import load_model
 from lucedesk.errors import ConfigError
 from lucedesk.kernels.quantized import (
+    Int8Weight,
     LowBitWeight,
     int8_tiles_available,
     lowbit_vector_available,
@@ -246,19 +247,21 @@ def test_five_and_eight_bit_blocks_are_held_as_the_files_levels(tmp_path, caplog
     with caplog.at_level(logging.INFO, logger="lucedesk.engine.build"):
         assert apply_weight_format(model, wanted, "cpu") == wanted
     held = model.layers[1].quantized
-    if not isinstance(held["qkv_proj"], LowBitWeight):
-        pytest.skip("int8 runs on AMX tiles here, from the weights' values")
-    grids = {"qkv_proj": 8, "o_proj": 4 if wanted == "q4" else 8, "gate_up_proj": 8}
-    for proj, bits in grids.items():
-        assert held[proj].bits == bits
-        assert torch.equal(held[proj].dequantize().bfloat16(), before[proj])
-    assert held["qkv_proj"].d.dtype == held["gate_up_proj"].d.dtype == torch.float16
-    assert held["down_proj"].bits == 8 and held["down_proj"].d.dtype == torch.float32
-    lm_head = model.lm_head_quantized
-    assert lm_head.bits == 8 and lm_head.d.dtype == torch.float16
-    assert torch.equal(lm_head.dequantize().bfloat16(), head)
-    assert "as the file's levels (Q5_0+Q5_1+Q8_0)" in caplog.text
-    assert "as the file's levels (Q5_0+Q4_0)" in caplog.text
+    if wanted == "int8" and int8_tiles_available():  # int8 on AMX tiles: from the values
+        assert all(isinstance(w, Int8Weight) for w in [*held.values(), model.lm_head_quantized])
+        assert "as the file's levels" not in caplog.text
+    else:
+        grids = {"qkv_proj": 8, "o_proj": 4 if wanted == "q4" else 8, "gate_up_proj": 8}
+        for proj, bits in grids.items():
+            assert held[proj].bits == bits
+            assert torch.equal(held[proj].dequantize().bfloat16(), before[proj])
+        assert held["qkv_proj"].d.dtype == held["gate_up_proj"].d.dtype == torch.float16
+        assert held["down_proj"].bits == 8 and held["down_proj"].d.dtype == torch.float32
+        lm_head = model.lm_head_quantized
+        assert lm_head.bits == 8 and lm_head.d.dtype == torch.float16
+        assert torch.equal(lm_head.dequantize().bfloat16(), head)
+        assert "as the file's levels (Q5_0+Q5_1+Q8_0)" in caplog.text
+        assert "as the file's levels (Q5_0+Q4_0)" in caplog.text
     assert "from their values (Q6_K)" in caplog.text
     got = logits(loaded, ids)
     assert (got - plain).abs().max() <= 0.05 * plain.abs().max()

@@ -95,30 +95,29 @@ def _simple_groups(raw: np.ndarray, type_name: str) -> tuple[np.ndarray, ...]:
     return levels.reshape(-1), d, m
 
 
-def four_bit_groups(raw: np.ndarray, type_name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Blocks of a 4-bit type -> (levels uint8 [values], d, m float32 [values / 32]), level
-    in 0..15, in the tensor's value order."""
-    if type_name in ("Q4_0", "Q4_1"):
-        return _simple_groups(raw, type_name)
-    if type_name == "Q4_K":
-        from gguf.quants import Q4_K
+def _q4_k_groups(raw: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Q4_K blocks -> (levels uint8 [values], d, m float32 [values / 32]): each group's d and
+    m its 6-bit scale and min times the super-block's, in the tensor's value order."""
+    from gguf.quants import Q4_K
 
-        blocks = raw.reshape(-1, 144)
-        d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
-        dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
-        scales, mins = Q4_K.get_scale_min(blocks[:, 4:16].copy())
-        qs = blocks[:, 16:].reshape(-1, 4, 1, 32)
-        levels = np.concatenate([qs & 0x0F, qs >> 4], axis=2)  # [blocks, 4, 2, 32]
-        group_d = d * scales.astype(np.float32)
-        group_m = -(dmin * mins.astype(np.float32))
-        return levels.reshape(-1), group_d.reshape(-1), group_m.reshape(-1)
-    raise ValueError(f"{type_name} is not a 4-bit type ({', '.join(FOUR_BIT_TYPES)})")
+    blocks = raw.reshape(-1, 144)
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
+    dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+    scales, mins = Q4_K.get_scale_min(blocks[:, 4:16].copy())
+    qs = blocks[:, 16:].reshape(-1, 4, 1, 32)
+    levels = np.concatenate([qs & 0x0F, qs >> 4], axis=2)  # [blocks, 4, 2, 32]
+    group_d = d * scales.astype(np.float32)
+    group_m = -(dmin * mins.astype(np.float32))
+    return levels.reshape(-1), group_d.reshape(-1), group_m.reshape(-1)
 
 
 def block_levels(raw: np.ndarray, type_name: str) -> Levels:
     """Any type of LEVEL_TYPES -> its levels; ValueError for another type."""
-    if type_name in FOUR_BIT_TYPES:
-        return Levels(*four_bit_groups(raw, type_name), bits=4)
+    if type_name in SIMPLE_BLOCKS:
+        bits = 4 if type_name in FOUR_BIT_TYPES else 8
+        return Levels(*_simple_groups(raw, type_name), bits=bits)
+    if type_name == "Q4_K":
+        return Levels(*_q4_k_groups(raw), bits=4)
     if type_name == "MXFP4":
         from gguf.quants import MXFP4
 
@@ -132,8 +131,6 @@ def block_levels(raw: np.ndarray, type_name: str) -> Levels:
         d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)[:, 0]
         levels = blocks[:, 2:] ^ np.uint8(0x80)  # int8 q's bits -> q + 128, one copy
         return Levels(levels.reshape(-1), d, -128 * d, 8)
-    if type_name in ("Q5_0", "Q5_1"):
-        return Levels(*_simple_groups(raw, type_name), bits=8)
     raise ValueError(f"{type_name} blocks are not held as levels ({', '.join(LEVEL_TYPES)})")
 
 
