@@ -23,11 +23,25 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <type_traits>
 #include <vector>
 
 namespace {
+
+// n values of T left unset, for a kernel that writes every one of them before reading it
+// (std::vector would fill them with zeros first: a pass over memory for nothing).
+template <typename T>
+class Scratch {
+ public:
+  explicit Scratch(int64_t n) : data_(new T[n]) {}
+  T* data() const { return data_.get(); }
+  T& operator[](int64_t i) const { return data_[i]; }
+
+ private:
+  std::unique_ptr<T[]> data_;
+};
 
 inline float load_f(float x) { return x; }
 inline float load_f(c10::BFloat16 x) {

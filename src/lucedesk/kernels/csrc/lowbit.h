@@ -33,9 +33,9 @@ namespace {
 constexpr int64_t kRowsAtOnce = 8;
 
 struct RowsQ8 {
-  std::vector<int8_t> q;
-  std::vector<float> d;  // xd
-  std::vector<float> s;  // xs: xd times the sum of the group's levels
+  Scratch<int8_t> q;
+  Scratch<float> d;  // xd
+  Scratch<float> s;  // xs: xd times the sum of the group's levels
 };
 
 // One group of 32 activations -> levels q = nearbyint(x * 127 / amax) (to nearest, ties to
@@ -76,8 +76,7 @@ inline std::pair<float, int32_t> quantize_group(const c10::BFloat16* x, int8_t* 
 
 RowsQ8 quantize_rows(const c10::BFloat16* x, int64_t M, int64_t K) {
   const int64_t groups = K / 32;
-  RowsQ8 out{std::vector<int8_t>(M * K), std::vector<float>(M * groups),
-             std::vector<float>(M * groups)};
+  RowsQ8 out{Scratch<int8_t>(M * K), Scratch<float>(M * groups), Scratch<float>(M * groups)};
   at::parallel_for(0, M * groups, 64, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
       const auto [amax, sum] = quantize_group(x + g * 32, out.q.data() + g * 32);
@@ -349,8 +348,7 @@ at::Tensor lowbit_moe_linear(const at::Tensor& x, const std::optional<at::Tensor
   // x's rows quantized once, then laid out in the grouped order.
   const RowsQ8 xq = quantize_rows(x.data_ptr<c10::BFloat16>(), R, K);
   const int64_t groups = K / 32;
-  RowsQ8 grouped{std::vector<int8_t>(P * K), std::vector<float>(P * groups),
-                 std::vector<float>(P * groups)};
+  RowsQ8 grouped{Scratch<int8_t>(P * K), Scratch<float>(P * groups), Scratch<float>(P * groups)};
   for (int64_t i = 0; i < P; ++i) {
     const int64_t r = rp ? rp[order[i]] : order[i];
     std::memcpy(grouped.q.data() + i * K, xq.q.data() + r * K, K);
@@ -363,7 +361,7 @@ at::Tensor lowbit_moe_linear(const at::Tensor& x, const std::optional<at::Tensor
   const uint8_t* qp = q.data_ptr<uint8_t>();
   const float *dp = d.data_ptr<float>(), *mp = m.data_ptr<float>();
   const uint8_t* table = lut.has_value() ? lut->data_ptr<uint8_t>() : nullptr;
-  std::vector<c10::BFloat16> sorted(P * N);
+  Scratch<c10::BFloat16> sorted(P * N);
   const int64_t blocks = N / 16, q_expert = q.numel() / E, s_expert = N * groups;
   at::parallel_for(0, static_cast<int64_t>(active.size()) * blocks, 1,
                    [&](int64_t begin, int64_t end) {
