@@ -124,6 +124,16 @@ MULTI_QUERY_CASES = [
     (2, 256, torch.float32, 16, [(17, 4), (0, 5)], 2, 9, False),
 ]
 
+# The C++ kernel's bf16 scores for many query heads over a block come from its keys
+# regrouped once for all of them (at least head_dim / 16 heads), for few straight from the
+# cache: a one-row decode here (3 or 4 heads) takes the second way, a drafted row's
+# positions (12-24 heads) the first, and both must give the same bits. Contexts ending
+# part-way through sixteen keys.
+CPU_MULTI_QUERY_CASES = MULTI_QUERY_CASES + [
+    (3, 64, torch.bfloat16, 32, [(0, 6), (45, 8), (1000, 5), (17, 1), (9, 3)], 4, 0, False),
+    (4, 256, torch.bfloat16, 16, [(300, 5), (33, 4), (70, 1)], 3, 100, True),
+]
+
 
 def one_query_per_position(meta, block_size):
     """The same step with each decode row its own one-query sequence: a row's result must

@@ -16,6 +16,7 @@ from lucedesk.kernels.layers_torch import add_rms_norm_torch, rotary_torch
 from lucedesk.kernels.quantized import Int8Weight
 from tests.kernel_cases import (
     CASES,
+    CPU_MULTI_QUERY_CASES,
     LAYER_CASES,
     MULTI_QUERY_CASES,
     ROTARY_CASES,
@@ -125,7 +126,7 @@ def check_rows_alone_and_among_others(kv_heads, heads, head_dim, window, draft, 
         assert torch.equal(alone, together[a:b])
 
 
-@pytest.mark.parametrize("case", MULTI_QUERY_CASES)
+@pytest.mark.parametrize("case", CPU_MULTI_QUERY_CASES)
 def test_multi_query_decodes_match_reference(case):
     """Decode sequences of several rows, each row seeing keys up to its own position."""
     q, k_cache, v_cache, meta, scale, window, sink = multi_query_case(*case)
@@ -145,7 +146,7 @@ def test_torch_reference_multi_query_decodes_follow_the_definition(case):
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("case", MULTI_QUERY_CASES)
+@pytest.mark.parametrize("case", CPU_MULTI_QUERY_CASES)
 def test_multi_query_decodes_equal_one_query_per_position_bit_for_bit(case):
     """One pass over the blocks for all of a sequence's rows gives each row exactly what it
     gets as a one-query decode, in every dtype (bf16 on its vector path where the CPU has
@@ -184,7 +185,7 @@ def test_int8_cache_attention_matches_reference(
     assert torch.equal(reference, want)
 
 
-@pytest.mark.parametrize("case", MULTI_QUERY_CASES)
+@pytest.mark.parametrize("case", CPU_MULTI_QUERY_CASES)
 def test_int8_multi_query_decodes_match_reference_and_one_query_per_position(case):
     q, k_cache, v_cache, meta, scale, window, sink = multi_query_case(*case)
     (kq, vq, ks, vs), (k_held, v_held) = int8_caches(k_cache, v_cache)

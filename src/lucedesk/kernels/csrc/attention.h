@@ -5,6 +5,10 @@
 
 namespace {
 
+// Key columns per head that dots a block, from which regrouping the block's keys for
+// scores16_quartered pays (a head of 64 columns: four heads).
+constexpr int64_t kRegroupColumns = 16;
+
 // One call's decode: q, out: [R, nh, hd] (head_dim contiguous), the query rows of S
 // sequences; query_start: [S + 1] int32, sequence s owning rows query_start[s]..
 // query_start[s + 1] - 1; caches: [kvh, num_blocks, bs, hd] contiguous; block_tables: [>=S,
@@ -116,6 +120,15 @@ struct Decode {
     if constexpr (kBf16Path) {
       if (bf16_passes()) {
         std::vector<c10::BFloat16> kwide(kQuantized ? 16 * hd : 0);
+        // Regrouping sixteen keys costs about as many shuffles as hd / 16 heads' sums save
+        // (scores16_quartered): it is done where more heads than that dot them. Either way
+        // the scores have the same bits.
+        const int64_t heads = t.heads();
+        const bool may_regroup = heads * kRegroupColumns >= hd;
+        std::vector<c10::BFloat16> qq(may_regroup ? heads * hd * 4 : 0);
+        std::vector<c10::BFloat16> kq(may_regroup ? 16 * hd : 0);
+        for (int64_t h = 0; h < (may_regroup ? heads : 0); ++h)
+          quarter_query(q_of(t, h), hd, qq.data() + h * hd * 4);
         for (int64_t j0 = j_lo; j0 < j_hi; j0 += 16) {
           if (j0 % bs == 0)
             prefetch_block(kp, table, j0, j_hi, head, num_blocks, bs, hd, 0, hd);
@@ -128,13 +141,21 @@ struct Decode {
           } else {
             kb = kp + key_row * hd;
           }
+          int64_t dotting = 0;  // heads that dot some of these keys
+          for (int64_t i = 0; i < n; ++i)
+            if (rows_of.walks(i, j0 / bs * bs) && rows_of.end[i] > j0) dotting += group;
+          const bool regroup = may_regroup && dotting * kRegroupColumns >= hd;
+          if (regroup) quarter_keys(kb, hd, kq.data());
           for (int64_t i = 0; i < n; ++i) {
             if (!rows_of.walks(i, j0 / bs * bs)) continue;
             const int64_t rows = std::min<int64_t>(16, rows_of.end[i] - j0);
             if (rows <= 0) continue;
             for (int64_t h = i * group; h < (i + 1) * group; ++h) {
               float* sh = t.scores.data() + h * t.stride + (j0 - t.origin);
-              scores16_bf16(q_of(t, h), kb, rows, hd, fscale, sh);
+              if (regroup)
+                scores16_quartered(qq.data() + h * hd * 4, kq.data(), rows, hd, fscale, sh);
+              else
+                scores16_bf16(q_of(t, h), kb, rows, hd, fscale, sh);
               if constexpr (kQuantized)
                 for (int64_t r = 0; r < rows; ++r) sh[r] *= k_scales[key_row + r];
             }

@@ -82,10 +82,21 @@ inline float exp_nonpositive(float x) {
 }
 
 #if defined(LUCEDESK_AVX512BF16)
+// The last two stages of sum16: c[j]'s 128-bit quarter k a 4-float partial of source 4j + k
+// -> lane i the sum of source i's partial (4 -> 1 with lane 4q + j holding source 4j + q,
+// then a permute puts source i in lane i).
+inline __m512 sum4x4(const __m512* c) {
+  const __m512 d0 = _mm512_add_ps(_mm512_unpacklo_ps(c[0], c[1]), _mm512_unpackhi_ps(c[0], c[1]));
+  const __m512 d1 = _mm512_add_ps(_mm512_unpacklo_ps(c[2], c[3]), _mm512_unpackhi_ps(c[2], c[3]));
+  const __m512 e = _mm512_add_ps(_mm512_shuffle_ps(d0, d1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_ps(d0, d1, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, e);
+}
+
 // Lane i of the result = the sum of a[i]'s sixteen lanes, by a fixed tree of shuffles:
-//   16 -> 8 vectors, each half a sum for two sources; 8 -> 4, each 128-bit quarter a
-//   4-float partial of one source; 4 -> 1 with lane 4q + j holding source 4j + q, then a
-//   permute puts source i in lane i.
+//   16 -> 8 vectors, each half a sum for two sources; 8 -> 4, each 128-bit quarter the
+//   4-float partial (A0 + A2) + (A1 + A3) of one source, A_q its quarter q; then sum4x4.
 inline __m512 sum16(const __m512* a) {
   __m512 b[8], c[4];
   for (int i = 0; i < 8; ++i)
@@ -94,12 +105,7 @@ inline __m512 sum16(const __m512* a) {
   for (int j = 0; j < 4; ++j)
     c[j] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * j], b[2 * j + 1], 0x88),
                          _mm512_shuffle_f32x4(b[2 * j], b[2 * j + 1], 0xDD));
-  const __m512 d0 = _mm512_add_ps(_mm512_unpacklo_ps(c[0], c[1]), _mm512_unpackhi_ps(c[0], c[1]));
-  const __m512 d1 = _mm512_add_ps(_mm512_unpacklo_ps(c[2], c[3]), _mm512_unpackhi_ps(c[2], c[3]));
-  const __m512 e = _mm512_add_ps(_mm512_shuffle_ps(d0, d1, _MM_SHUFFLE(1, 0, 1, 0)),
-                                 _mm512_shuffle_ps(d0, d1, _MM_SHUFFLE(3, 2, 3, 2)));
-  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  return _mm512_permutexvar_ps(order, e);
+  return sum4x4(c);
 }
 #endif
 

@@ -84,6 +84,78 @@ inline void scores16_bf16(const c10::BFloat16* q, const c10::BFloat16* kb, int64
   const __m512 s = _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale));
   _mm512_mask_storeu_ps(scores, static_cast<__mmask16>((1u << rows) - 1), s);
 }
+// Sixteen key rows at kb (hd apart) with their 128-bit quarters regrouped, for
+// scores16_quartered: per 32-wide column chunk c and four keys 4j..4j+3, four vectors at
+// out + ((c / 32 * 4 + j) * 4 + q) * 32, q = 0..3, the one for q holding quarter q of the
+// chunk of key 4j + k in its quarter k (a 4 x 4 transpose of quarters). Rows past a
+// sequence's end are regrouped too; their lanes never reach a stored score.
+inline void quarter_keys(const c10::BFloat16* kb, int64_t hd, c10::BFloat16* out) {
+  for (int64_t c = 0; c < hd; c += 32) {
+    for (int j = 0; j < 4; ++j) {
+      const c10::BFloat16* r = kb + 4 * j * hd + c;
+      const __m512i r0 = _mm512_loadu_si512(r), r1 = _mm512_loadu_si512(r + hd);
+      const __m512i r2 = _mm512_loadu_si512(r + 2 * hd), r3 = _mm512_loadu_si512(r + 3 * hd);
+      const __m512i t0 = _mm512_shuffle_i64x2(r0, r1, 0x44), t1 = _mm512_shuffle_i64x2(r0, r1, 0xEE);
+      const __m512i t2 = _mm512_shuffle_i64x2(r2, r3, 0x44), t3 = _mm512_shuffle_i64x2(r2, r3, 0xEE);
+      c10::BFloat16* dst = out + (c / 32 * 4 + j) * 4 * 32;
+      _mm512_storeu_si512(dst, _mm512_shuffle_i64x2(t0, t2, 0x88));
+      _mm512_storeu_si512(dst + 32, _mm512_shuffle_i64x2(t0, t2, 0xDD));
+      _mm512_storeu_si512(dst + 64, _mm512_shuffle_i64x2(t1, t3, 0x88));
+      _mm512_storeu_si512(dst + 96, _mm512_shuffle_i64x2(t1, t3, 0xDD));
+    }
+  }
+}
+
+// A query row with each 128-bit quarter of each 32-wide chunk broadcast to a whole vector,
+// for scores16_quartered: out + (c / 32 * 4 + q) * 32 holds quarter q of chunk c four times.
+inline void quarter_query(const c10::BFloat16* q, int64_t hd, c10::BFloat16* out) {
+  for (int64_t c = 0; c < hd; c += 32) {
+    const __m512i v = _mm512_loadu_si512(q + c);
+    c10::BFloat16* dst = out + c / 32 * 4 * 32;
+    _mm512_storeu_si512(dst, _mm512_shuffle_i64x2(v, v, 0x00));
+    _mm512_storeu_si512(dst + 32, _mm512_shuffle_i64x2(v, v, 0x55));
+    _mm512_storeu_si512(dst + 64, _mm512_shuffle_i64x2(v, v, 0xAA));
+    _mm512_storeu_si512(dst + 96, _mm512_shuffle_i64x2(v, v, 0xFF));
+  }
+}
+
+// scores16_bf16's scores, to the bit, from keys regrouped by quarter_keys and a query by
+// quarter_query: each lane makes the same vdpbf16ps products of the same pairs, chunk after
+// chunk, as key row 4j + k's accumulator's lanes 4q..4q+3 do there (v[j][q]'s quarter k),
+// and (v0 + v2) + (v1 + v3) is the sum sum16's first two stages make with shuffles. The
+// regrouping is done once for all the heads that dot a block, so where many do (a drafted
+// row's positions, a model's many query heads) each skips those stages' 24 shuffles.
+inline void scores16_quartered(const c10::BFloat16* qq, const c10::BFloat16* kq, int64_t rows,
+                               int64_t hd, float scale, float* scores) {
+  __m512 v[4][4];
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j)
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; ++q) v[j][q] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < hd; c += 32) {
+    const c10::BFloat16* kc = kq + c / 32 * 16 * 32;
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; ++q) {
+      const __m512bh qv = (__m512bh)_mm512_loadu_si512(qq + (c / 32 * 4 + q) * 32);
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j)
+        v[j][q] = _mm512_dpbf16_ps(v[j][q], qv,
+                                   (__m512bh)_mm512_loadu_si512(kc + (j * 4 + q) * 32));
+    }
+  }
+  __m512 c4[4];
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {
+    __m512 even = _mm512_add_ps(v[j][0], v[j][2]), odd = _mm512_add_ps(v[j][1], v[j][3]);
+    // The kernels build with -fassociative-math, which would be free to sum the four as a
+    // chain in another order; hiding the two halves from it keeps sum16's.
+    asm("" : "+v"(even), "+v"(odd));
+    c4[j] = _mm512_add_ps(even, odd);
+  }
+  const __m512 s = _mm512_mul_ps(sum4x4(c4), _mm512_set1_ps(scale));
+  _mm512_mask_storeu_ps(scores, static_cast<__mmask16>((1u << rows) - 1), s);
+}
+
 // acc[k] += the first `rows` value rows of a block (one 32-wide slice) weighed by heads
 // k < H's probability pairs (ph + k * half): (lo, hi) of head k at acc + k * step. Pairs of
 // rows come interleaved in `inter`; a row count that ends mid-pair pairs its last row
