@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -42,6 +43,20 @@ class Scratch {
  private:
   std::unique_ptr<T[]> data_;
 };
+
+// Each thread runs worker(take), take() handing out 0, 1, ..., count - 1 once each to
+// whichever thread asks first, then -1: items of uneven cost, put in order of cost, keep
+// every thread busy where an even split by count would leave one waiting on another.
+template <typename Worker>
+void take_in_turn(int64_t count, Worker&& worker) {
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    worker([&]() -> int64_t {
+      const int64_t k = next++;
+      return k < count ? k : -1;
+    });
+  });
+}
 
 inline float load_f(float x) { return x; }
 inline float load_f(c10::BFloat16 x) {

@@ -13,8 +13,6 @@
 // the same bits whatever chunk it came in, and whatever else shares the step.
 #pragma once
 
-#include <atomic>
-
 #include "common.h"
 
 namespace {
@@ -212,13 +210,11 @@ void prefill_attention_bf16(at::Tensor& out, const at::Tensor& q, const at::Tens
   // late in a chunk see many more keys than early ones.
   std::stable_sort(tasks.begin(), tasks.end(),
                    [](const PrefillTask& a, const PrefillTask& b) { return a.keys > b.keys; });
-  std::atomic<int64_t> next{0};
-  const int64_t num_tasks = static_cast<int64_t>(tasks.size());
-  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+  take_in_turn(static_cast<int64_t>(tasks.size()), [&](auto take) {
     std::vector<uint32_t> qbuf(kTaskRows * half), pbuf(kTaskRows * kSpan / 2);
     std::vector<float> scores(kTaskRows * kSpan), o(kTaskRows * hd), m(kTaskRows), l(kTaskRows);
     std::vector<int64_t> pos(kTaskRows), lo(kTaskRows);
-    for (int64_t t = next++; t < num_tasks; t = next++) {
+    for (int64_t t = take(); t >= 0; t = take()) {
       const PrefillTask& task = tasks[t];
       const int64_t s = task.chunk, head = task.head;
       const int64_t n = starts[s + 1] - starts[s], len = lens[s];
