@@ -77,6 +77,16 @@ def test_windows_and_sinks_match_reference(case):
     torch.testing.assert_close(got.float(), want, atol=TOL[dtype], rtol=TOL[dtype])
 
 
+@pytest.fixture
+def two_threads():
+    """The kernels' schedule (tasks split or shared out, keys regrouped or not for a task's
+    heads) follows the thread count: the cases below are chosen for two threads."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize(
     "kv_heads,heads,head_dim,window,draft,int8",
     [
@@ -89,17 +99,15 @@ def test_windows_and_sinks_match_reference(case):
         (1, 4, 256, 1100, 3, True),
     ],
 )
-def test_decode_rows_do_not_depend_on_the_batch(kv_heads, heads, head_dim, window, draft, int8):
+def test_decode_rows_do_not_depend_on_the_batch(
+    two_threads, kv_heads, heads, head_dim, window, draft, int8
+):
     """A sequence's output is the same alone or among others, bit for bit: alone, its KV
     heads' query heads are split over the threads (a short context), or its keys and then
     its columns are (one or two KV heads of 128 or more columns over 1,024 keys or more,
-    with a draft's rows, over an 8-bit cache); among the others, neither."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)  # 4 sequences x KV heads are tasks enough; 1 is not
-    try:
-        check_rows_alone_and_among_others(kv_heads, heads, head_dim, window, draft, int8)
-    finally:
-        torch.set_num_threads(threads)
+    with a draft's rows, over an 8-bit cache); among the others, neither. (On two threads 4
+    sequences x KV heads are tasks enough; 1 is not.)"""
+    check_rows_alone_and_among_others(kv_heads, heads, head_dim, window, draft, int8)
 
 
 def check_rows_alone_and_among_others(kv_heads, heads, head_dim, window, draft, int8):
@@ -147,7 +155,7 @@ def test_torch_reference_multi_query_decodes_follow_the_definition(case):
 
 
 @pytest.mark.parametrize("case", CPU_MULTI_QUERY_CASES)
-def test_multi_query_decodes_equal_one_query_per_position_bit_for_bit(case):
+def test_multi_query_decodes_equal_one_query_per_position_bit_for_bit(two_threads, case):
     """One pass over the blocks for all of a sequence's rows gives each row exactly what it
     gets as a one-query decode, in every dtype (bf16 on its vector path where the CPU has
     one); the torch reference too."""
@@ -186,7 +194,7 @@ def test_int8_cache_attention_matches_reference(
 
 
 @pytest.mark.parametrize("case", CPU_MULTI_QUERY_CASES)
-def test_int8_multi_query_decodes_match_reference_and_one_query_per_position(case):
+def test_int8_multi_query_decodes_match_reference_and_one_query_per_position(two_threads, case):
     q, k_cache, v_cache, meta, scale, window, sink = multi_query_case(*case)
     (kq, vq, ks, vs), (k_held, v_held) = int8_caches(k_cache, v_cache)
     scales = {"k_scale": ks, "v_scale": vs}

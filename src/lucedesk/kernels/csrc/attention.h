@@ -121,8 +121,8 @@ struct Decode {
       if (bf16_passes()) {
         std::vector<c10::BFloat16> kwide(kQuantized ? 16 * hd : 0);
         // Regrouping sixteen keys costs about as many shuffles as hd / 16 heads' sums save
-        // (scores16_quartered): it is done where more heads than that dot them. Either way
-        // the scores have the same bits.
+        // (scores16_quartered): it is done where at least that many heads dot them. Either
+        // way the scores have the same bits.
         const int64_t heads = t.heads();
         const bool may_regroup = heads * kRegroupColumns >= hd;
         std::vector<c10::BFloat16> qq(may_regroup ? heads * hd * 4 : 0);
