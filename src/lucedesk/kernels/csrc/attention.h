@@ -125,8 +125,8 @@ struct Decode {
         // way the scores have the same bits.
         const int64_t heads = t.heads();
         const bool may_regroup = heads * kRegroupColumns >= hd;
-        std::vector<c10::BFloat16> qq(may_regroup ? heads * hd * 4 : 0);
-        std::vector<c10::BFloat16> kq(may_regroup ? 16 * hd : 0);
+        Scratch<c10::BFloat16> qq(may_regroup ? heads * hd * 4 : 0);
+        Scratch<c10::BFloat16> kq(may_regroup ? 16 * hd : 0);
         for (int64_t h = 0; h < (may_regroup ? heads : 0); ++h)
           quarter_query(q_of(t, h), hd, qq.data() + h * hd * 4);
         for (int64_t j0 = j_lo; j0 < j_hi; j0 += 16) {
