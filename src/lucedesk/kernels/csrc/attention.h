@@ -127,6 +127,7 @@ struct Decode {
         const bool may_regroup = heads * kRegroupColumns >= hd;
         Scratch<c10::BFloat16> qq(may_regroup ? heads * hd * 4 : 0);
         Scratch<c10::BFloat16> kq(may_regroup ? 16 * hd : 0);
+        Scratch<int64_t> dot_heads(heads), dot_rows(heads);
         for (int64_t h = 0; h < (may_regroup ? heads : 0); ++h)
           quarter_query(q_of(t, h), hd, qq.data() + h * hd * 4);
         for (int64_t j0 = j_lo; j0 < j_hi; j0 += 16) {
@@ -141,25 +142,38 @@ struct Decode {
           } else {
             kb = kp + key_row * hd;
           }
-          int64_t dotting = 0;  // heads that dot some of these keys
-          for (int64_t i = 0; i < n; ++i)
-            if (rows_of.walks(i, j0 / bs * bs) && rows_of.end[i] > j0) dotting += group;
-          const bool regroup = may_regroup && dotting * kRegroupColumns >= hd;
-          if (regroup) quarter_keys(kb, hd, kq.data());
+          // The heads that dot some of these keys, and how many of the keys each sees.
+          int64_t dotting = 0;
           for (int64_t i = 0; i < n; ++i) {
             if (!rows_of.walks(i, j0 / bs * bs)) continue;
             const int64_t rows = std::min<int64_t>(16, rows_of.end[i] - j0);
-            if (rows <= 0) continue;
-            for (int64_t h = i * group; h < (i + 1) * group; ++h) {
-              float* sh = t.scores.data() + h * t.stride + (j0 - t.origin);
-              if (regroup)
-                scores16_quartered(qq.data() + h * hd * 4, kq.data(), rows, hd, fscale, sh);
-              else
-                scores16_bf16(q_of(t, h), kb, rows, hd, fscale, sh);
-              if constexpr (kQuantized)
-                for (int64_t r = 0; r < rows; ++r) sh[r] *= k_scales[key_row + r];
-            }
+            for (int64_t h = i * group; h < (i + 1) * group && rows > 0; ++h)
+              dot_heads[dotting] = h, dot_rows[dotting++] = rows;
           }
+          const auto scores_of = [&](int64_t k) {
+            return t.scores.data() + dot_heads[k] * t.stride + (j0 - t.origin);
+          };
+          int64_t k = 0;
+          if (may_regroup && dotting * kRegroupColumns >= hd) {
+            quarter_keys(kb, hd, kq.data());
+            const auto q_quarters = [&](int64_t k) { return qq.data() + dot_heads[k] * hd * 4; };
+            // Heads of up to 64 columns two at a time, their queries held in registers.
+            const auto two_at_a_time = [&](auto chunks) {
+              for (; k + 1 < dotting; k += 2)
+                scores16_quartered_two<decltype(chunks)::value>(
+                    q_quarters(k), q_quarters(k + 1), kq.data(), dot_rows[k], dot_rows[k + 1],
+                    fscale, scores_of(k), scores_of(k + 1));
+            };
+            if (hd == 64) two_at_a_time(std::integral_constant<int, 2>());
+            if (hd == 32) two_at_a_time(std::integral_constant<int, 1>());
+            for (; k < dotting; ++k)
+              scores16_quartered(q_quarters(k), kq.data(), dot_rows[k], hd, fscale, scores_of(k));
+          }
+          for (; k < dotting; ++k)
+            scores16_bf16(q_of(t, dot_heads[k]), kb, dot_rows[k], hd, fscale, scores_of(k));
+          if constexpr (kQuantized)
+            for (k = 0; k < dotting; ++k)
+              for (int64_t r = 0; r < dot_rows[k]; ++r) scores_of(k)[r] *= k_scales[key_row + r];
         }
         return;
       }

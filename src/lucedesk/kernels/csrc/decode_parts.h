@@ -119,6 +119,15 @@ inline void quarter_query(const c10::BFloat16* q, int64_t hd, c10::BFloat16* out
   }
 }
 
+// (v0 + v2) + (v1 + v3): the sum sum16's first two stages make of a key's four quarters.
+inline __m512 quarters_sum(__m512 v0, __m512 v1, __m512 v2, __m512 v3) {
+  __m512 even = _mm512_add_ps(v0, v2), odd = _mm512_add_ps(v1, v3);
+  // The kernels build with -fassociative-math, which would be free to sum the four as a
+  // chain in another order; hiding the two halves from it keeps sum16's.
+  asm("" : "+v"(even), "+v"(odd));
+  return _mm512_add_ps(even, odd);
+}
+
 // scores16_bf16's scores, to the bit, from keys regrouped by quarter_keys and a query by
 // quarter_query: each lane makes the same vdpbf16ps products of the same pairs, chunk after
 // chunk, as key row 4j + k's accumulator's lanes 4q..4q+3 do there (v[j][q]'s quarter k),
@@ -145,15 +154,50 @@ inline void scores16_quartered(const c10::BFloat16* qq, const c10::BFloat16* kq,
   }
   __m512 c4[4];
 #pragma GCC unroll 4
-  for (int j = 0; j < 4; ++j) {
-    __m512 even = _mm512_add_ps(v[j][0], v[j][2]), odd = _mm512_add_ps(v[j][1], v[j][3]);
-    // The kernels build with -fassociative-math, which would be free to sum the four as a
-    // chain in another order; hiding the two halves from it keeps sum16's.
-    asm("" : "+v"(even), "+v"(odd));
-    c4[j] = _mm512_add_ps(even, odd);
-  }
+  for (int j = 0; j < 4; ++j) c4[j] = quarters_sum(v[j][0], v[j][1], v[j][2], v[j][3]);
   const __m512 s = _mm512_mul_ps(sum4x4(c4), _mm512_set1_ps(scale));
   _mm512_mask_storeu_ps(scores, static_cast<__mmask16>((1u << rows) - 1), s);
+}
+
+// scores16_quartered for two heads (a and b) of C * 32 <= 64 columns at once: both queries'
+// quarters held in registers and each load of the regrouped keys dotted with both, four keys
+// at a time, where one head's sixteen accumulators left a load per product (the scores of a
+// drafted row took twice the weighted values' time for the same products). Each lane makes
+// the same products and sums in the same order as there: the same bits.
+template <int C>
+inline void scores16_quartered_two(const c10::BFloat16* qa, const c10::BFloat16* qb,
+                                   const c10::BFloat16* kq, int64_t rows_a, int64_t rows_b,
+                                   float scale, float* sa, float* sb) {
+  __m512bh a[C][4], b[C][4];
+#pragma GCC unroll 2
+  for (int c = 0; c < C; ++c)
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; ++q) {
+      a[c][q] = (__m512bh)_mm512_loadu_si512(qa + (c * 4 + q) * 32);
+      b[c][q] = (__m512bh)_mm512_loadu_si512(qb + (c * 4 + q) * 32);
+    }
+  __m512 ca[4], cb[4];
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {
+    __m512 va[4], vb[4];
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; ++q) va[q] = vb[q] = _mm512_setzero_ps();
+#pragma GCC unroll 2
+    for (int c = 0; c < C; ++c)
+#pragma GCC unroll 4
+      for (int q = 0; q < 4; ++q) {
+        const __m512bh k = (__m512bh)_mm512_loadu_si512(kq + (c * 16 + j * 4 + q) * 32);
+        va[q] = _mm512_dpbf16_ps(va[q], a[c][q], k);
+        vb[q] = _mm512_dpbf16_ps(vb[q], b[c][q], k);
+      }
+    ca[j] = quarters_sum(va[0], va[1], va[2], va[3]);
+    cb[j] = quarters_sum(vb[0], vb[1], vb[2], vb[3]);
+  }
+  const __m512 s = _mm512_set1_ps(scale);
+  _mm512_mask_storeu_ps(sa, static_cast<__mmask16>((1u << rows_a) - 1),
+                        _mm512_mul_ps(sum4x4(ca), s));
+  _mm512_mask_storeu_ps(sb, static_cast<__mmask16>((1u << rows_b) - 1),
+                        _mm512_mul_ps(sum4x4(cb), s));
 }
 
 // acc[k] += the first `rows` value rows of a block (one 32-wide slice) weighed by heads
