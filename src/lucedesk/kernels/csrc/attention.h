@@ -130,9 +130,14 @@ struct Decode {
         Scratch<int64_t> dot_heads(heads), dot_rows(heads);
         for (int64_t h = 0; h < (may_regroup ? heads : 0); ++h)
           quarter_query(q_of(t, h), hd, qq.data() + h * hd * 4);
+        Ahead<C> ahead;  // the keys kPrefetchBlocks blocks of sixteen on
         for (int64_t j0 = j_lo; j0 < j_hi; j0 += 16) {
-          if (j0 % bs == 0)
-            prefetch_block(kp, table, j0, j_hi, head, num_blocks, bs, hd, 0, hd);
+          const int64_t next = j0 + kPrefetchBlocks * 16;
+          if (next < j_hi)
+            ahead.aim(kp, table, next, std::min<int64_t>(16, j_hi - next), head, num_blocks, bs,
+                      hd, 0, hd);
+          else
+            ahead.aim_nowhere();
           const int64_t key_row = (head * num_blocks + table[j0 / bs]) * bs + j0 % bs;
           const c10::BFloat16* kb;
           if constexpr (kQuantized) {  // sixteen keys' levels widened once for all rows
@@ -153,24 +158,34 @@ struct Decode {
           const auto scores_of = [&](int64_t k) {
             return t.scores.data() + dot_heads[k] * t.stride + (j0 - t.origin);
           };
-          int64_t k = 0;
-          if (may_regroup && dotting * kRegroupColumns >= hd) {
+          const bool regroup = may_regroup && dotting * kRegroupColumns >= hd;
+          // The calls below (heads of up to 64 columns regrouped go in twos), each of which
+          // first asks for a share of the keys ahead.
+          int64_t calls = regroup && hd <= 64 ? (dotting + 1) / 2 : dotting, k = 0;
+          if (regroup) {
             quarter_keys(kb, hd, kq.data());
             const auto q_quarters = [&](int64_t k) { return qq.data() + dot_heads[k] * hd * 4; };
             // Heads of up to 64 columns two at a time, their queries held in registers.
             const auto two_at_a_time = [&](auto chunks) {
-              for (; k + 1 < dotting; k += 2)
+              for (; k + 1 < dotting; k += 2) {
+                ahead.ask(calls--);
                 scores16_quartered_two<decltype(chunks)::value>(
                     q_quarters(k), q_quarters(k + 1), kq.data(), dot_rows[k], dot_rows[k + 1],
                     fscale, scores_of(k), scores_of(k + 1));
+              }
             };
             if (hd == 64) two_at_a_time(std::integral_constant<int, 2>());
             if (hd == 32) two_at_a_time(std::integral_constant<int, 1>());
-            for (; k < dotting; ++k)
+            for (; k < dotting; ++k) {
+              ahead.ask(calls--);
               scores16_quartered(q_quarters(k), kq.data(), dot_rows[k], hd, fscale, scores_of(k));
+            }
           }
-          for (; k < dotting; ++k)
+          for (; k < dotting; ++k) {
+            ahead.ask(calls--);
             scores16_bf16(q_of(t, dot_heads[k]), kb, dot_rows[k], hd, fscale, scores_of(k));
+          }
+          ahead.ask(1);  // where no head dotted these keys
           if constexpr (kQuantized)
             for (k = 0; k < dotting; ++k)
               for (int64_t r = 0; r < dot_rows[k]; ++r) scores_of(k)[r] *= k_scales[key_row + r];
