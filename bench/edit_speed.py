@@ -4,6 +4,7 @@ prompt lookup off and on, alternating A B B A, greedy, at each concurrency; ever
 be the same text both ways.
 
     .venv/bin/python bench/edit_speed.py [--model PATH] [-c 1,4] [--output-len 1024]
+        [--set KEY=VALUE ...]
 
 The source is a file of Python's standard library (shlex.py by default: fixed for a Python
 version, ~350 lines); each concurrent request renames a different identifier in it. Output
@@ -95,10 +96,15 @@ def main() -> None:
     parser.add_argument("--source", default=shlex.__file__, help="the file to edit")
     parser.add_argument("-c", "--concurrency", default="1,4")
     parser.add_argument("--output-len", type=int, default=1024)
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="a profile setting"
+    )
     args = parser.parse_args()
     source = Path(args.source).read_text()
     model = resolve_model(args.model, print)
-    _, config, why = profile.resolve("cpu", ["kv_pool_tokens=65536", "max_model_len=8192"])
+    _, config, why = profile.resolve(
+        "cpu", ["kv_pool_tokens=65536", "max_model_len=8192", *args.set]
+    )
     print(why, f"; {args.source}: {len(source.splitlines())} lines", flush=True)
     built = launch_engine(model, config)
     engine = built.engine
