@@ -5,9 +5,12 @@
 
 namespace {
 
-// Key columns per head that dots a block, from which regrouping the block's keys for
-// scores16_quartered pays (a head of 64 columns: four heads).
-constexpr int64_t kRegroupColumns = 16;
+// Key columns per head that dots sixteen keys, from which regrouping them for
+// scores16_quartered pays (a head of 128 columns: eight heads); heads of up to 64 columns,
+// dotted two at a time, pay from fewer (64 columns: three heads, a one-row decode of
+// SmolLM2: sixteen such decodes a call 0.75-0.95x the time, in cache or read cold, at 256
+// and 4k tokens; two heads were as often slower as faster).
+constexpr int64_t kRegroupColumns = 16, kRegroupColumnsInTwos = 22;
 
 // One call's decode: q, out: [R, nh, hd] (head_dim contiguous), the query rows of S
 // sequences; query_start: [S + 1] int32, sequence s owning rows query_start[s]..
@@ -124,7 +127,8 @@ struct Decode {
         // (scores16_quartered): it is done where at least that many heads dot them. Either
         // way the scores have the same bits.
         const int64_t heads = t.heads();
-        const bool may_regroup = heads * kRegroupColumns >= hd;
+        const int64_t columns = hd <= 64 ? kRegroupColumnsInTwos : kRegroupColumns;
+        const bool may_regroup = heads * columns >= hd;
         Scratch<c10::BFloat16> qq(may_regroup ? heads * hd * 4 : 0);
         Scratch<c10::BFloat16> kq(may_regroup ? 16 * hd : 0);
         Scratch<int64_t> dot_heads(heads), dot_rows(heads);
@@ -158,7 +162,7 @@ struct Decode {
           const auto scores_of = [&](int64_t k) {
             return t.scores.data() + dot_heads[k] * t.stride + (j0 - t.origin);
           };
-          const bool regroup = may_regroup && dotting * kRegroupColumns >= hd;
+          const bool regroup = may_regroup && dotting * columns >= hd;
           // The calls below (heads of up to 64 columns regrouped go in twos), each of which
           // first asks for a share of the keys ahead.
           int64_t calls = regroup && hd <= 64 ? (dotting + 1) / 2 : dotting, k = 0;
