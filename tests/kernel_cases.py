@@ -126,16 +126,18 @@ MULTI_QUERY_CASES = [
 
 # The C++ kernel's bf16 scores for many query heads over a block come from its keys
 # regrouped once for all of them (at least head_dim / 16 heads; of 64 columns, three), for
-# few straight from the cache: a one-row decode of 2 heads of 64 columns or 4 of 256 takes
-# the second way, a drafted row's positions (8-24 heads) the first, and both must give the
-# same bits; heads of up to 64 columns are dotted two at a time there, an odd one alone.
-# Contexts ending part-way through sixteen keys.
+# few straight from the cache: a one-row decode of 1 head of 32 columns, 2 of 64 or 4 of
+# 256 takes the second way, a drafted row's positions the first (3-24 heads, one-row decodes
+# of three heads of 32 or 64 columns among them), and both must give the same bits; heads of
+# up to 64 columns are dotted two at a time there, an odd one alone. Contexts ending part-way
+# through sixteen keys.
 CPU_MULTI_QUERY_CASES = MULTI_QUERY_CASES + [
     (3, 64, torch.bfloat16, 32, [(0, 6), (45, 8), (1000, 5), (17, 1), (9, 3)], 4, 0, False),
     (4, 256, torch.bfloat16, 16, [(300, 5), (33, 4), (70, 1)], 3, 100, True),
     (2, 64, torch.bfloat16, 16, [(100, 1), (37, 6), (500, 3), (15, 2)], 4, 0, False),
     # 32 columns: two heads regroup, and an odd count leaves one head of a pair alone
     (3, 32, torch.bfloat16, 16, [(40, 7), (300, 5), (5, 1), (77, 2)], 4, 0, False),
+    (1, 32, torch.bfloat16, 16, [(40, 7), (5, 1), (77, 2)], 3, 0, False),
 ]
 
 

@@ -124,8 +124,9 @@ struct Decode {
       if (bf16_passes()) {
         std::vector<c10::BFloat16> kwide(kQuantized ? 16 * hd : 0);
         // Regrouping sixteen keys costs about as many shuffles as hd / 16 heads' sums save
-        // (scores16_quartered): it is done where at least that many heads dot them. Either
-        // way the scores have the same bits.
+        // (scores16_quartered; hd / 22 for heads of up to 64 columns, dotted in twos): it is
+        // done where at least that many heads dot them. Either way the scores have the same
+        // bits.
         const int64_t heads = t.heads();
         const int64_t columns = hd <= 64 ? kRegroupColumnsInTwos : kRegroupColumns;
         const bool may_regroup = heads * columns >= hd;
