@@ -147,10 +147,16 @@ class SplitDialog(ModalScreen[list[dict] | None]):
         self.subtasks = subtasks
 
     def compose(self) -> ComposeResult:
+        # The editor is composed with the dialog and shown in place of the split, not mounted
+        # and removed: Textual can render a TextArea it has just removed (a compositor
+        # refresh still holding it) after its styles are gone, which raised a KeyError.
         with Vertical():
             yield Label(f"{self.session_title}: run these {len(self.subtasks)} subagents?")
             with VerticalScroll(id="split"):
                 yield Static(split_text(self.subtasks), markup=False, id="shown")
+            editor = TextArea(id="editor")
+            editor.display = False
+            yield editor
             with Horizontal():
                 yield Button("Run (Enter)", variant="primary", id="run")
                 yield Button("Edit (e)", id="edit")
@@ -158,8 +164,8 @@ class SplitDialog(ModalScreen[list[dict] | None]):
 
     @property
     def editing(self) -> TextArea | None:
-        found = self.query(TextArea)
-        return found.first() if found else None
+        area = self.query_one("#editor", TextArea)
+        return area if area.display else None
 
     def check_action(self, action: str, parameters: tuple) -> bool | None:
         # While editing, Enter and letters are text; Esc ends the editing.
@@ -167,13 +173,14 @@ class SplitDialog(ModalScreen[list[dict] | None]):
             return False
         return True
 
-    async def action_edit(self) -> None:
-        await self.query_one("#split").remove()
-        area = TextArea(split_text(self.subtasks), id="editor")
-        await self.query_one(Vertical).mount(area, after=self.query_one(Label))
+    def action_edit(self) -> None:
+        area = self.query_one("#editor", TextArea)
+        area.load_text(split_text(self.subtasks))
+        self.query_one("#split").display = False
+        area.display = True
         area.focus()
 
-    async def action_cancel(self) -> None:
+    def action_cancel(self) -> None:
         area = self.editing
         if area is None:
             self.dismiss(None)
@@ -184,20 +191,20 @@ class SplitDialog(ModalScreen[list[dict] | None]):
             self.notify(shape, severity="error")
             return
         self.subtasks = edited
-        await area.remove()
-        box = VerticalScroll(Static(split_text(edited), markup=False), id="split")
-        await self.query_one(Vertical).mount(box, after=self.query_one(Label))
+        area.display = False
+        self.query_one("#shown", Static).update(split_text(edited))
+        self.query_one("#split").display = True
         self.query_one(Label).update(f"{self.session_title}: run these {len(edited)} subagents?")
         self.query_one("#run", Button).focus()
 
     def action_run(self) -> None:
         self.dismiss(self.subtasks)
 
-    async def on_button_pressed(self, event: Button.Pressed) -> None:
+    def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()
         if event.button.id == "run":
             self.action_run()
         elif event.button.id == "edit":
-            await self.action_edit()
+            self.action_edit()
         else:
             self.dismiss(None)
