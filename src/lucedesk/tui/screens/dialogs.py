@@ -148,8 +148,9 @@ class SplitDialog(ModalScreen[list[dict] | None]):
 
     def compose(self) -> ComposeResult:
         # The editor is composed with the dialog and shown in place of the split, not mounted
-        # and removed: Textual can render a TextArea it has just removed (a compositor
-        # refresh still holding it) after its styles are gone, which raised a KeyError.
+        # and removed: Textual can draw a TextArea it has just removed (a refresh that began
+        # before the removal), and one never drawn before has no styles left by then: a
+        # KeyError ('text-area--gutter') that stopped the app.
         with Vertical():
             yield Label(f"{self.session_title}: run these {len(self.subtasks)} subagents?")
             with VerticalScroll(id="split"):
