@@ -13,6 +13,7 @@ from lucedesk.config import EngineConfig
 from lucedesk.engine.kv_cache import BlockPool, blocks_for
 from lucedesk.engine.request import FinishReason, Phase, Request, SamplingParams
 from lucedesk.engine.scheduler import Scheduler
+from lucedesk.engine.speculation import PromptLookup
 from lucedesk.errors import RequestError
 
 
@@ -174,6 +175,46 @@ def test_a_watched_request_decodes_every_step_and_no_background_one_stops():
     plan = run_step(sched)  # nothing watched now: everyone, every step
     assert {r.request.request_id for r in plan.decodes} == {"bg0", "bg1", "bg2"}
     assert all(r.num_output_tokens == p + 1 for r, p in zip(background, progress))
+
+
+def test_while_a_request_is_watched_only_interactive_rows_draft():
+    """Background rows that join a watched stream's step take no drafts (that step stays
+    light); the watched one drafts throughout, and the background drafts again after."""
+    cfg = config(max_slots=4, background_every=2, max_num_batched_tokens=64)
+    sched = Scheduler(cfg, num_blocks=64, max_model_len=1000)
+    period = [7, 8, 9, 10, 11]  # every prompt repeats it: lookup always finds a draft
+
+    def drafting(rid: str, max_tokens: int, interactive: bool) -> Request:
+        req = Request(rid, period * 4, SamplingParams(max_tokens=max_tokens, temperature=0.0))
+        req.lookup, req.draft_limit, req.interactive = PromptLookup(), 4, interactive
+        return req
+
+    watched = drafting("watched", 12, True)
+    background = [drafting(f"bg{i}", 200, False) for i in range(3)]
+    for req in [watched, *background]:
+        sched.add(req)
+    watched_rows, joined, after = [], [], []  # each row: drafted or not
+    while len(after) < 12:
+        plan = sched.plan()
+        watching = any(row.request is watched for row in plan.decodes)
+        for row in plan.decodes:
+            if row.request is watched:
+                watched_rows.append(bool(row.draft))
+            else:
+                (joined if watching else after).append(bool(row.draft))
+        # The model continues the period and takes none of a draft.
+        sampled = {
+            row.request.slot: period[
+                (row.start + (1 if row in plan.decodes else row.num_tokens)) % 5
+            ]
+            for row in plan.rows
+            if row.sample
+        }
+        sched.update(plan, sampled)
+    # The watched stream drafts on every row but its last (one token left: none to draft).
+    assert watched_rows == [True] * 10 + [False]
+    assert joined and not any(joined)  # the background joined, without drafts
+    assert all(after)  # nobody watched: drafts again
 
 
 def test_decode_rows_first_then_chunks_oldest_first():

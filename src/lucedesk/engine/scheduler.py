@@ -124,7 +124,7 @@ class Scheduler:
                 continue
             if self._reserve_next_block(req):
                 plan.decodes.append(ScheduledRow(req, req.num_computed_tokens, 1, True))
-        self._add_drafts(plan)
+        self._add_drafts(plan, watched)
 
         budget = self.config.max_num_batched_tokens - plan.num_tokens
         chunk = (
@@ -214,11 +214,12 @@ class Scheduler:
 
     # -- helpers ----------------------------------------------------------------------------
 
-    def _add_drafts(self, plan: StepPlan) -> None:
+    def _add_drafts(self, plan: StepPlan, watched: bool) -> None:
         """Lengthen decode rows with prompt-lookup drafts, in order, while the step's token
         budget (less a prompt chunk, when one is waiting) and blank blocks allow: a draft
         never preempts anyone, evicts no cached prefix, and never runs past the request's
-        max_tokens or the context."""
+        max_tokens or the context. While an interactive request decodes, only interactive
+        rows draft, so that the step the background joins stays light."""
         prompts_waiting = self.waiting or any(r.phase is Phase.PREFILL for r in self.running)
         spare = self.config.max_num_batched_tokens - len(plan.decodes)
         if prompts_waiting:
@@ -226,7 +227,7 @@ class Scheduler:
         bs = self.config.block_size
         for i, row in enumerate(plan.decodes):
             req = row.request
-            if req.lookup is None or spare <= 0:
+            if req.lookup is None or spare <= 0 or (watched and not req.interactive):
                 continue
             left = min(
                 req.params.max_tokens - req.num_output_tokens - 1,
