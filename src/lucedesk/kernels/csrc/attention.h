@@ -128,7 +128,8 @@ struct Decode {
         // done where at least that many heads dot them. Either way the scores have the same
         // bits.
         const int64_t heads = t.heads();
-        const int64_t columns = hd <= 64 ? kRegroupColumnsInTwos : kRegroupColumns;
+        const bool in_twos = hd <= 64;  // 32 or 64 columns: regrouped heads go two at a time
+        const int64_t columns = in_twos ? kRegroupColumnsInTwos : kRegroupColumns;
         const bool may_regroup = heads * columns >= hd;
         Scratch<c10::BFloat16> qq(may_regroup ? heads * hd * 4 : 0);
         Scratch<c10::BFloat16> kq(may_regroup ? 16 * hd : 0);
@@ -138,11 +139,8 @@ struct Decode {
         Ahead<C> ahead;  // the keys kPrefetchBlocks blocks of sixteen on
         for (int64_t j0 = j_lo; j0 < j_hi; j0 += 16) {
           const int64_t next = j0 + kPrefetchBlocks * 16;
-          if (next < j_hi)
-            ahead.aim(kp, table, next, std::min<int64_t>(16, j_hi - next), head, num_blocks, bs,
-                      hd, 0, hd);
-          else
-            ahead.aim_nowhere();
+          ahead.aim(kp, table, next, std::min<int64_t>(16, j_hi - next), head, num_blocks, bs, hd,
+                    0, hd);
           const int64_t key_row = (head * num_blocks + table[j0 / bs]) * bs + j0 % bs;
           const c10::BFloat16* kb;
           if constexpr (kQuantized) {  // sixteen keys' levels widened once for all rows
@@ -164,13 +162,12 @@ struct Decode {
             return t.scores.data() + dot_heads[k] * t.stride + (j0 - t.origin);
           };
           const bool regroup = may_regroup && dotting * columns >= hd;
-          // The calls below (heads of up to 64 columns regrouped go in twos), each of which
-          // first asks for a share of the keys ahead.
-          int64_t calls = regroup && hd <= 64 ? (dotting + 1) / 2 : dotting, k = 0;
+          // The calls below, each of which first asks for a share of the keys ahead.
+          int64_t calls = regroup && in_twos ? (dotting + 1) / 2 : dotting, k = 0;
           if (regroup) {
             quarter_keys(kb, hd, kq.data());
             const auto q_quarters = [&](int64_t k) { return qq.data() + dot_heads[k] * hd * 4; };
-            // Heads of up to 64 columns two at a time, their queries held in registers.
+            // Two at a time, their queries held in registers.
             const auto two_at_a_time = [&](auto chunks) {
               for (; k + 1 < dotting; k += 2) {
                 ahead.ask(calls--);

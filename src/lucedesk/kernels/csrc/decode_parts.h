@@ -37,9 +37,12 @@ constexpr int64_t kPrefetchBlocks = 2;
 template <typename C>
 class Ahead {
  public:
-  // Rows j..j + rows - 1 (one block's) of KV head `head`, columns c_lo..c_hi - 1.
+  // Rows j..j + rows - 1 (one block's) of KV head `head`, columns c_lo..c_hi - 1; none
+  // where rows <= 0 (past the keys walked: the table holds no block there).
   void aim(const C* cache, const int32_t* table, int64_t j, int64_t rows, int64_t head,
            int64_t num_blocks, int64_t bs, int64_t hd, int64_t c_lo, int64_t c_hi) {
+    left_ = 0;
+    if (rows <= 0) return;
     row_ = reinterpret_cast<const char*>(
         cache + ((head * num_blocks + table[j / bs]) * bs + j % bs) * hd);
     stride_ = hd * static_cast<int64_t>(sizeof(C));
@@ -48,7 +51,6 @@ class Ahead {
     line_ = row_ + from_;
     left_ = rows * ((to_ - from_ + 63) / 64);
   }
-  void aim_nowhere() { left_ = 0; }
   // Asks for 1 / calls of the lines not yet asked for: `calls` (>= 1) the times it will be
   // asked before the lines are read.
   void ask(int64_t calls) {
@@ -350,10 +352,7 @@ void weighted_values_bf16(const int32_t* pairs, int64_t half, int64_t origin,
     int64_t calls = 0;
     for (int64_t i = 0; i < n; ++i)
       if (rows_of.walks(i, j0)) calls += slices * ((group + 3) / 4);
-    if (next < stop)
-      ahead.aim(vp, table, next, std::min(bs, stop - next), head, num_blocks, bs, hd, c_lo, c_hi);
-    else
-      ahead.aim_nowhere();
+    ahead.aim(vp, table, next, std::min(bs, stop - next), head, num_blocks, bs, hd, c_lo, c_hi);
     for (int64_t c = c_lo; c < c_hi; c += 32) {
       const C* block = vp + ((head * num_blocks + table[j0 / bs]) * bs) * hd + c;
       int32_t* slice_inter = inter.data() + (c - c_lo) / 32 * span;
