@@ -82,6 +82,25 @@ def test_fused_calls_equal_the_separate_calls(vector, bits, tokens, first_layer,
     assert torch.equal(got, want) and torch.equal(got_residual, want_residual)
 
 
+@pytest.mark.parametrize("vector", PATHS)
+def test_the_gated_mlp_equals_silu_then_mul_at_every_magnitude(vector):
+    """With the vector kernels silu(gate) * up is made and quantized in one pass: its bits
+    are ATen's silu then mul, from gates of 1e-3 to thousands (exp's overflow and underflow
+    included), on rows split between threads."""
+    fused = FusedLayerCalls()
+    for seed, (scale, tokens) in enumerate([(0.01, 1), (1, 7), (30, 40), (300, 5), (3000, 40)]):
+        g = torch.Generator().manual_seed(seed)
+        gate_up, down = weight(2 * INTER, H, 4, seed, vector), weight(H, INTER, 4, 9, vector)
+        y, residual = (torch.randn(tokens, H, generator=g).bfloat16() for _ in range(2))
+        norm = (torch.rand(H, generator=g) * scale).bfloat16()
+        h, _ = add_rms_norm_cpu(y, residual, norm, 1e-5)
+        gate, up = gate_up(h).chunk(2, dim=-1)
+        want = down(F.silu(gate) * up)
+        got, _ = fused.gated_mlp(y, residual, norm, 1e-5, gate_up, down)
+        assert torch.equal(got, want), (scale, tokens)
+        assert gate.float().abs().max() > scale / 20  # the magnitudes reached the gates
+
+
 def test_fused_calls_refuse_what_they_cannot_take():
     fused = FusedLayerCalls()
     w = weight((HEADS + 2 * KV_HEADS) * HD, H, 4, 1, PATHS[-1])

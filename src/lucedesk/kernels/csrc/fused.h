@@ -1,7 +1,7 @@
 // A dense decoder layer's two halves around attention, each one call from Python: the same
 // kernels the separate calls run (add_rms_norm, lowbit_linear, rotary_, ATen's silu or gelu
-// and mul), in the same order on the same values, so the results are bit for bit those of
-// the separate calls. What a fused call saves is the Python and dispatch between ~10 small
+// and mul, or one pass with their bits), in the same order on the same values, so the
+// results are bit for bit those of the separate calls. What a fused call saves is the Python and dispatch between ~10 small
 // calls a layer, which at one decode row cost as much as the matmuls' memory traffic.
 #pragma once
 
@@ -71,6 +71,11 @@ struct LowBitArgs {
   at::Tensor times(const at::Tensor& x, bool vector) const {  // x @ weight.T
     return lowbit_linear(x, q, d, m, bits, vector, lut);
   }
+  at::Tensor times(const RowsQ8& x, int64_t rows, int64_t inputs, bool vector) const {
+    const int64_t K = check_lowbit_weight(q, d, m, bits, vector, lut).second;
+    TORCH_CHECK(inputs == K, "lowbit linear: x has ", inputs, " inputs, the weights ", K);
+    return lowbit_rows(x, rows, q, d, m, bits, vector, lut);
+  }
 };
 
 // h [T, H] (normed) -> (q [T, nh, hd], k and v [T, kvh, hd]): the qkv matmul (+ bias),
@@ -131,12 +136,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_input(
 enum class Gate : int64_t { kSilu = 0, kGeluTanh = 1 };
 
 // h [T, H] (normed) -> down(act(gate) * up) [T, H], gate|up one matmul of 2I outputs (gate
-// first), in the ATen ops the model's Python runs. Each weight has its own bit width and
+// first), with the values of the ATen ops the model's Python runs. With the vector kernels
+// silu(gate) * up is made and quantized for `down` in one pass over the rows
+// (quantize_silu_times_up: ATen's silu and mul bits). Each weight has its own bit width and
 // level table.
 at::Tensor mlp_output(const at::Tensor& h, const LowBitArgs& gate_up_weight,
                       const LowBitArgs& down_weight, bool vector, Gate gate) {
   at::Tensor gate_up = gate_up_weight.times(h, vector);
   TORCH_CHECK(gate_up.size(1) % 2 == 0, "fused layer: gate|up has an odd number of outputs");
+  const int64_t I = gate_up.size(1) / 2;
+#if defined(LUCEDESK_VNNI)
+  if (vector && gate == Gate::kSilu && I % 32 == 0)  // the same bits, one pass over the rows
+    return down_weight.times(
+        quantize_silu_times_up(gate_up.data_ptr<c10::BFloat16>(), h.size(0), I), h.size(0), I,
+        vector);
+#endif
   auto halves = gate_up.chunk(2, -1);
   at::Tensor act = gate == Gate::kSilu ? at::silu(halves[0]) : at::gelu(halves[0], "tanh");
   return down_weight.times(at::mul(act, halves[1]), vector);

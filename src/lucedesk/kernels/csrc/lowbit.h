@@ -39,28 +39,10 @@ struct RowsQ8 {
 };
 
 // One group of 32 activations -> levels q = nearbyint(x * 127 / amax) (to nearest, ties to
-// even, in the default rounding mode; NaNs take no part in amax), returning amax and the
-// levels' sum. The vector path computes the same products and roundings lane by lane.
-inline std::pair<float, int32_t> quantize_group(const c10::BFloat16* x, int8_t* q) {
-#ifdef LUCEDESK_VNNI
-  const __m512i raw = _mm512_loadu_si512(x);
-  const auto wide = [](__m256i half) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
-  };
-  const __m512 lo = wide(_mm512_castsi512_si256(raw));
-  const __m512 hi = wide(_mm512_extracti64x4_epi64(raw, 1));
-  // max_ps returns its second operand where either is NaN: the running max, never a NaN.
-  const __m512 top = _mm512_max_ps(_mm512_abs_ps(lo), _mm512_setzero_ps());
-  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(hi), top));
-  const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
-  const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, inv));
-  const __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, inv));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(qlo));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(qhi));
-  return {amax, _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi))};
-#else
-  float v[32];
-  widen(v, x, 32);
+// even, in the default rounding mode; NaNs take no part in amax), with xd = amax / 127 and
+// xs = xd * (the levels' sum). The vector path computes the same products and roundings
+// lane by lane, sixteen groups at a time.
+inline void quantize_group(const float* v, int8_t* q, float* xd, float* xs) {
   float amax = 0.f;
   for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[i]));
   const float inv = amax > 0.f ? 127.f / amax : 0.f;
@@ -70,22 +52,139 @@ inline std::pair<float, int32_t> quantize_group(const c10::BFloat16* x, int8_t* 
     q[i] = static_cast<int8_t>(level);
     sum += level;
   }
-  return {amax, sum};
-#endif
+  *xd = amax / 127.f;
+  *xs = *xd * static_cast<float>(sum);
 }
+
+#ifdef LUCEDESK_VNNI
+// Sixteen bfloat16 values widened to floats (exact).
+inline __m512 widen16(const c10::BFloat16* x) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// Sixteen vectors -> one whose lane i is `op` over vector i's lanes (an order-free op: max,
+// integer sum): four rounds of pairwise shuffles instead of sixteen reductions.
+template <typename Op>
+inline __m512 across16(__m512 (&v)[16], const Op& op) {
+  __m512 t[8], u[4], w[2];
+  for (int k = 0; k < 8; ++k)  // per 128 bits: [a0+a2, b0+b2, a1+a3, b1+b3]
+    t[k] = op(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]),
+              _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
+  for (int k = 0; k < 4; ++k)  // per 128 bits: vectors 4k..4k + 3's sums of those 128 bits
+    u[k] = op(_mm512_shuffle_ps(t[2 * k], t[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+              _mm512_shuffle_ps(t[2 * k], t[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int k = 0; k < 2; ++k)
+    w[k] = op(_mm512_shuffle_f32x4(u[2 * k], u[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+              _mm512_shuffle_f32x4(u[2 * k], u[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return op(_mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),
+            _mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// Groups 0..n - 1 (n <= 16), group i's halves load(i, 0) and load(i, 1) -> levels at
+// q + 32 i, xd[i], xs[i], as quantize_group makes them.
+template <typename Load>
+inline void quantize_sixteen(const Load& load, int64_t n, int8_t* q, float* xd, float* xs) {
+  const __m512 zero = _mm512_setzero_ps();
+  __m512 top[16];
+  for (int64_t i = 0; i < 16; ++i)
+    // max_ps returns its second operand where either is NaN: the running max, never a NaN.
+    top[i] = i < n ? _mm512_max_ps(_mm512_abs_ps(load(i, 1)),
+                                   _mm512_max_ps(_mm512_abs_ps(load(i, 0)), zero))
+                   : zero;
+  const __m512 amax =
+      across16(top, [](__m512 a, __m512 b) { return _mm512_max_ps(a, b); });
+  const __m512 inv = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(amax, zero, _CMP_GT_OQ),
+                                         _mm512_set1_ps(127.f), amax);
+  __m512 sums[16];
+  for (int64_t i = 0; i < 16; ++i) {
+    if (i >= n) {
+      sums[i] = zero;
+      continue;
+    }
+    const __m512 scale = _mm512_permutexvar_ps(_mm512_set1_epi32(static_cast<int32_t>(i)), inv);
+    const __m512i lo = _mm512_cvtps_epi32(_mm512_mul_ps(load(i, 0), scale));
+    const __m512i hi = _mm512_cvtps_epi32(_mm512_mul_ps(load(i, 1), scale));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 32 * i), _mm512_cvtepi32_epi8(lo));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 32 * i + 16), _mm512_cvtepi32_epi8(hi));
+    sums[i] = _mm512_castsi512_ps(_mm512_add_epi32(lo, hi));
+  }
+  const __m512i sum = _mm512_castps_si512(across16(sums, [](__m512 a, __m512 b) {
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b)));
+  }));
+  const __mmask16 groups = static_cast<__mmask16>((1u << n) - 1);
+  const __m512 d = _mm512_div_ps(amax, _mm512_set1_ps(127.f));
+  _mm512_mask_storeu_ps(xd, groups, d);
+  _mm512_mask_storeu_ps(xs, groups, _mm512_mul_ps(d, _mm512_cvtepi32_ps(sum)));
+}
+#endif
 
 RowsQ8 quantize_rows(const c10::BFloat16* x, int64_t M, int64_t K) {
   const int64_t groups = K / 32;
   RowsQ8 out{Scratch<int8_t>(M * K), Scratch<float>(M * groups), Scratch<float>(M * groups)};
   at::parallel_for(0, M * groups, 64, [&](int64_t begin, int64_t end) {
+#ifdef LUCEDESK_VNNI
+    for (int64_t g = begin; g < end; g += 16) {
+      const c10::BFloat16* v = x + g * 32;
+      quantize_sixteen([v](int64_t i, int h) { return widen16(v + 32 * i + 16 * h); },
+                       std::min<int64_t>(16, end - g), out.q.data() + g * 32, out.d.data() + g,
+                       out.s.data() + g);
+    }
+#else
+    float v[32];
     for (int64_t g = begin; g < end; ++g) {
-      const auto [amax, sum] = quantize_group(x + g * 32, out.q.data() + g * 32);
-      out.d[g] = amax / 127.f;
-      out.s[g] = out.d[g] * static_cast<float>(sum);
+      widen(v, x + g * 32, 32);
+      quantize_group(v, out.q.data() + g * 32, out.d.data() + g, out.s.data() + g);
+    }
+#endif
+  });
+  return out;
+}
+
+#ifdef LUCEDESK_VNNI
+// libtorch's own exp (Sleef's, 1 ulp): the one ATen's vectorized silu takes on this CPU.
+extern "C" __m512 Sleef_expf16_u10(__m512);
+
+// Floats rounded to bfloat16 as ATen's vector conversion rounds them (to nearest, ties to
+// even; a NaN becomes 0xFFFF), widened back.
+inline __m512 bf16_rounded(__m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i up = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  const __m512i rounded = _mm512_and_si512(up, _mm512_set1_epi32(int32_t(0xFFFF0000u)));
+  const __mmask16 numbers = _mm512_cmp_ps_mask(v, v, _CMP_ORD_Q);
+  return _mm512_castsi512_ps(
+      _mm512_mask_blend_epi32(numbers, _mm512_set1_epi32(int32_t(0xFFFF0000u)), rounded));
+}
+
+// Rows of gate|up [M, 2I] bfloat16 (gate first) -> silu(gate) * up, quantized as
+// quantize_rows quantizes rows. Each product is the bfloat16 that ATen's silu and then mul
+// give: silu(x) = x / (1 + exp(-x)) in floats, rounded to bfloat16; the product of two
+// bfloat16 values (exact in a float), rounded. One pass instead of three over the rows.
+RowsQ8 quantize_silu_times_up(const c10::BFloat16* gate_up, int64_t M, int64_t I) {
+  const int64_t groups = I / 32;
+  RowsQ8 out{Scratch<int8_t>(M * I), Scratch<float>(M * groups), Scratch<float>(M * groups)};
+  const __m512 one = _mm512_set1_ps(1.f), sign = _mm512_set1_ps(-0.f);
+  at::parallel_for(0, M * groups, 64, [&](int64_t begin, int64_t end) {
+    alignas(64) float product[16 * 32];  // sixteen groups' products, then their levels
+    for (int64_t g0 = begin; g0 < end; g0 += 16) {
+      const int64_t n = std::min<int64_t>(16, end - g0);
+      for (int64_t i = 0; i < 2 * n; ++i) {
+        const int64_t g = g0 + i / 2;
+        const c10::BFloat16* gate = gate_up + g / groups * 2 * I + g % groups * 32 + i % 2 * 16;
+        const __m512 x = widen16(gate);
+        const __m512 e = Sleef_expf16_u10(_mm512_xor_ps(x, sign));
+        const __m512 act = bf16_rounded(_mm512_div_ps(x, _mm512_add_ps(one, e)));
+        _mm512_store_ps(product + 16 * i, bf16_rounded(_mm512_mul_ps(act, widen16(gate + I))));
+      }
+      quantize_sixteen(
+          [&](int64_t i, int h) { return _mm512_load_ps(product + 32 * i + 16 * h); }, n,
+          out.q.data() + g0 * 32, out.d.data() + g0, out.s.data() + g0);
     }
   });
   return out;
 }
+#endif
 
 // At 4 bits a nibble is the level itself, or with a table (`lut`, 16 entries) an index into
 // it: MXFP4's sixteen codes are the levels 12 + {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, ..., -12}.
@@ -259,26 +358,30 @@ void check_lowbit_args(int64_t bits, bool vector, const std::optional<at::Tensor
                 "lowbit linear: a level table is 16 uint8 values, for 4-bit weights");
 }
 
-at::Tensor lowbit_linear(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d,
-                         const at::Tensor& m, int64_t bits, bool vector,
-                         const std::optional<at::Tensor>& lut) {
+// The weight's (N, K), checked.
+std::pair<int64_t, int64_t> check_lowbit_weight(const at::Tensor& q, const at::Tensor& d,
+                                                const at::Tensor& m, int64_t bits, bool vector,
+                                                const std::optional<at::Tensor>& lut) {
   check_lowbit_args(bits, vector, lut);
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && q.scalar_type() == at::kByte &&
                   q.size(2) == 64 * bits,
               "lowbit linear: q must be uint8 [N/16, K/32, 64 * bits]");
-  const int64_t N = q.size(0) * 16, K = q.size(1) * 32, M = x.size(0);
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kBFloat16,
-              "lowbit linear: x must be contiguous bfloat16 [M, K]");
-  TORCH_CHECK(x.size(1) == K, "lowbit linear: x has ", x.size(1), " inputs, the weights ", K);
-  const bool half = d.scalar_type() == at::kHalf;
-  TORCH_CHECK((half || d.scalar_type() == at::kFloat) && m.scalar_type() == d.scalar_type() &&
-                  d.is_contiguous() && m.is_contiguous() && d.numel() == N * (K / 32) &&
-                  m.numel() == N * (K / 32),
+  const int64_t N = q.size(0) * 16, K = q.size(1) * 32;
+  TORCH_CHECK((d.scalar_type() == at::kHalf || d.scalar_type() == at::kFloat) &&
+                  m.scalar_type() == d.scalar_type() && d.is_contiguous() && m.is_contiguous() &&
+                  d.numel() == N * (K / 32) && m.numel() == N * (K / 32),
               "lowbit linear: group scales d and m must be float32 or float16, one per 32 "
               "inputs");
-  at::Tensor y = at::empty({M, N}, x.options());
+  return {N, K};
+}
+
+// M rows already quantized (xq, K inputs each) times a checked weight -> y [M, N] bfloat16.
+at::Tensor lowbit_rows(const RowsQ8& xq, int64_t M, const at::Tensor& q, const at::Tensor& d,
+                       const at::Tensor& m, int64_t bits, bool vector,
+                       const std::optional<at::Tensor>& lut) {
+  const int64_t N = q.size(0) * 16, K = q.size(1) * 32;
+  at::Tensor y = at::empty({M, N}, q.options().dtype(at::kBFloat16));
   if (M == 0) return y;
-  const RowsQ8 xq = quantize_rows(x.data_ptr<c10::BFloat16>(), M, K);
   const uint8_t* qp = q.data_ptr<uint8_t>();
   const uint8_t* table = lut.has_value() ? lut->data_ptr<uint8_t>() : nullptr;
   c10::BFloat16* yp = y.data_ptr<c10::BFloat16>();
@@ -292,11 +395,24 @@ at::Tensor lowbit_linear(const at::Tensor& x, const at::Tensor& q, const at::Ten
       }
     });
   };
-  if (half)
+  if (d.scalar_type() == at::kHalf)
     run(d.data_ptr<c10::Half>(), m.data_ptr<c10::Half>());
   else
     run(d.data_ptr<float>(), m.data_ptr<float>());
   return y;
+}
+
+at::Tensor lowbit_linear(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d,
+                         const at::Tensor& m, int64_t bits, bool vector,
+                         const std::optional<at::Tensor>& lut) {
+  const auto [N, K] = check_lowbit_weight(q, d, m, bits, vector, lut);
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kBFloat16,
+              "lowbit linear: x must be contiguous bfloat16 [M, K]");
+  TORCH_CHECK(x.size(1) == K, "lowbit linear: x has ", x.size(1), " inputs, the weights ", K);
+  const int64_t M = x.size(0);
+  if (M == 0) return at::empty({0, N}, x.options());
+  return lowbit_rows(quantize_rows(x.data_ptr<c10::BFloat16>(), M, K), M, q, d, m, bits, vector,
+                     lut);
 }
 
 // Mixture of experts: pair p multiplies x's row rows[p] (row p without `rows`) by expert
