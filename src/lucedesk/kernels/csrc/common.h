@@ -96,32 +96,47 @@ inline float exp_nonpositive(float x) {
   return p * __builtin_bit_cast(float, bits);
 }
 
-#if defined(LUCEDESK_AVX512BF16)
-// The last two stages of sum16: c[j]'s 128-bit quarter k a 4-float partial of source 4j + k
-// -> lane i the sum of source i's partial (4 -> 1 with lane 4q + j holding source 4j + q,
-// then a permute puts source i in lane i).
-inline __m512 sum4x4(const __m512* c) {
-  const __m512 d0 = _mm512_add_ps(_mm512_unpacklo_ps(c[0], c[1]), _mm512_unpackhi_ps(c[0], c[1]));
-  const __m512 d1 = _mm512_add_ps(_mm512_unpacklo_ps(c[2], c[3]), _mm512_unpackhi_ps(c[2], c[3]));
-  const __m512 e = _mm512_add_ps(_mm512_shuffle_ps(d0, d1, _MM_SHUFFLE(1, 0, 1, 0)),
-                                 _mm512_shuffle_ps(d0, d1, _MM_SHUFFLE(3, 2, 3, 2)));
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+inline __m512 add_ps(__m512 a, __m512 b) { return _mm512_add_ps(a, b); }
+inline __m512 max_ps(__m512 a, __m512 b) { return _mm512_max_ps(a, b); }
+inline __m512 add_epi32(__m512 a, __m512 b) {  // int32 lanes carried in a float vector
+  return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b)));
+}
+
+// The last two stages of reduce16: c[j]'s 128-bit quarter k a 4-lane partial of source
+// 4j + k -> lane i `op` over source i's partial (4 -> 1 with lane 4q + j holding source
+// 4j + q, then a permute puts source i in lane i).
+template <typename Op>
+inline __m512 reduce4x4(const __m512* c, const Op& op) {
+  const __m512 d0 = op(_mm512_unpacklo_ps(c[0], c[1]), _mm512_unpackhi_ps(c[0], c[1]));
+  const __m512 d1 = op(_mm512_unpacklo_ps(c[2], c[3]), _mm512_unpackhi_ps(c[2], c[3]));
+  const __m512 e = op(_mm512_shuffle_ps(d0, d1, _MM_SHUFFLE(1, 0, 1, 0)),
+                      _mm512_shuffle_ps(d0, d1, _MM_SHUFFLE(3, 2, 3, 2)));
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   return _mm512_permutexvar_ps(order, e);
 }
 
-// Lane i of the result = the sum of a[i]'s sixteen lanes, by a fixed tree of shuffles:
-//   16 -> 8 vectors, each half a sum for two sources; 8 -> 4, each 128-bit quarter the
-//   4-float partial (A0 + A2) + (A1 + A3) of one source, A_q its quarter q; then sum4x4.
-inline __m512 sum16(const __m512* a) {
+// Lane i of the result = `op` (add_ps, max_ps, add_epi32) over a[i]'s sixteen lanes, by a
+// fixed tree of shuffles (four rounds for sixteen sources, where one reduction each would
+// take four rounds a source):
+//   16 -> 8 vectors, each half a partial for two sources; 8 -> 4, each 128-bit quarter the
+//   4-lane partial (A0 op A2) op (A1 op A3) of one source, A_q its quarter q; then
+//   reduce4x4. The float sums' order is fixed: attention's bits depend on it.
+template <typename Op>
+inline __m512 reduce16(const __m512* a, const Op& op) {
   __m512 b[8], c[4];
   for (int i = 0; i < 8; ++i)
-    b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
-                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+    b[i] = op(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+              _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
   for (int j = 0; j < 4; ++j)
-    c[j] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * j], b[2 * j + 1], 0x88),
-                         _mm512_shuffle_f32x4(b[2 * j], b[2 * j + 1], 0xDD));
-  return sum4x4(c);
+    c[j] = op(_mm512_shuffle_f32x4(b[2 * j], b[2 * j + 1], 0x88),
+              _mm512_shuffle_f32x4(b[2 * j], b[2 * j + 1], 0xDD));
+  return reduce4x4(c, op);
 }
+inline __m512 sum4x4(const __m512* c) { return reduce4x4(c, add_ps); }
+inline __m512 sum16(const __m512* a) { return reduce16(a, add_ps); }
 #endif
 
 // An attention op's optional inputs, checked (`op` names it in errors): sinks, float32

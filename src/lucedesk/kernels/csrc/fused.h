@@ -1,9 +1,12 @@
 // A dense decoder layer's two halves around attention, each one call from Python: the same
 // kernels the separate calls run (add_rms_norm, lowbit_linear, rotary_, ATen's silu or gelu
 // and mul, or one pass with their bits), in the same order on the same values, so the
-// results are bit for bit those of the separate calls. What a fused call saves is the Python and dispatch between ~10 small
-// calls a layer, which at one decode row cost as much as the matmuls' memory traffic.
+// results are bit for bit those of the separate calls. What a fused call saves is the
+// Python and dispatch between ~10 small calls a layer, which at one decode row cost as much
+// as the matmuls' memory traffic.
 #pragma once
+
+#include <ATen/Version.h>  // get_cpu_capability: which kernels ATen dispatches
 
 #include "layers.h"
 #include "lowbit.h"
@@ -138,15 +141,17 @@ enum class Gate : int64_t { kSilu = 0, kGeluTanh = 1 };
 // h [T, H] (normed) -> down(act(gate) * up) [T, H], gate|up one matmul of 2I outputs (gate
 // first), with the values of the ATen ops the model's Python runs. With the vector kernels
 // silu(gate) * up is made and quantized for `down` in one pass over the rows
-// (quantize_silu_times_up: ATen's silu and mul bits). Each weight has its own bit width and
-// level table.
+// (quantize_silu_times_up: the bits of ATen's vector silu and mul). Each weight has its own
+// bit width and level table.
 at::Tensor mlp_output(const at::Tensor& h, const LowBitArgs& gate_up_weight,
                       const LowBitArgs& down_weight, bool vector, Gate gate) {
   at::Tensor gate_up = gate_up_weight.times(h, vector);
   TORCH_CHECK(gate_up.size(1) % 2 == 0, "fused layer: gate|up has an odd number of outputs");
   const int64_t I = gate_up.size(1) / 2;
 #if defined(LUCEDESK_VNNI)
-  if (vector && gate == Gate::kSilu && I % 32 == 0)  // the same bits, one pass over the rows
+  // ATen's bits in one pass over the rows, where ATen's silu is its AVX-512 vector loop.
+  static const bool aten_avx512 = at::get_cpu_capability() == "AVX512";
+  if (vector && gate == Gate::kSilu && I % 64 == 0 && aten_avx512)
     return down_weight.times(
         quantize_silu_times_up(gate_up.data_ptr<c10::BFloat16>(), h.size(0), I), h.size(0), I,
         vector);
