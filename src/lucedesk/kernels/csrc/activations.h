@@ -104,7 +104,10 @@ RowsQ8 quantize_rows(const c10::BFloat16* x, int64_t M, int64_t K) {
 
 #ifdef LUCEDESK_VNNI
 // libtorch's own exp (Sleef's, 1 ulp): the one ATen's vectorized silu takes on this CPU.
-extern "C" __m512 Sleef_expf16_u10(__m512);
+// Weak: a libtorch that does not export it loads the kernels all the same, and
+// silu_pass_available() says the one pass is not to be taken.
+extern "C" __m512 Sleef_expf16_u10(__m512) __attribute__((weak));
+inline bool silu_pass_available() { return Sleef_expf16_u10 != nullptr; }
 
 // Floats rounded to bfloat16 as ATen's vector conversion rounds them (to nearest, ties to
 // even, as bf16_bits; a NaN becomes 0xFFFF), widened back.

@@ -149,9 +149,10 @@ at::Tensor mlp_output(const at::Tensor& h, const LowBitArgs& gate_up_weight,
   TORCH_CHECK(gate_up.size(1) % 2 == 0, "fused layer: gate|up has an odd number of outputs");
   const int64_t I = gate_up.size(1) / 2;
 #if defined(LUCEDESK_VNNI)
-  // ATen's bits in one pass over the rows, where ATen's silu is its AVX-512 vector loop.
-  static const bool aten_avx512 = at::get_cpu_capability() == "AVX512";
-  if (vector && gate == Gate::kSilu && I % 64 == 0 && aten_avx512)
+  // ATen's bits in one pass over the rows, where ATen's silu is its AVX-512 vector loop and
+  // libtorch exports the exp that loop calls.
+  static const bool one_pass = at::get_cpu_capability() == "AVX512" && silu_pass_available();
+  if (vector && gate == Gate::kSilu && I % 64 == 0 && one_pass)
     return down_weight.times(
         quantize_silu_times_up(gate_up.data_ptr<c10::BFloat16>(), h.size(0), I), h.size(0), I,
         vector);
