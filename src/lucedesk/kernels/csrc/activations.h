@@ -13,7 +13,9 @@
 
 namespace {
 
+// M rows of K activations as int8 groups of 32.
 struct RowsQ8 {
+  RowsQ8(int64_t M, int64_t K) : q(M * K), d(M * (K / 32)), s(M * (K / 32)) {}
   Scratch<int8_t> q;
   Scratch<float> d;  // xd
   Scratch<float> s;  // xs: xd times the sum of the group's levels
@@ -81,7 +83,7 @@ inline void quantize_sixteen(const Load& load, int64_t n, int8_t* q, float* xd, 
 
 RowsQ8 quantize_rows(const c10::BFloat16* x, int64_t M, int64_t K) {
   const int64_t groups = K / 32;
-  RowsQ8 out{Scratch<int8_t>(M * K), Scratch<float>(M * groups), Scratch<float>(M * groups)};
+  RowsQ8 out(M, K);
   // ~6 ns a group and ~1 us a fork and join: below 256 groups one thread does them.
   at::parallel_for(0, M * groups, 256, [&](int64_t begin, int64_t end) {
 #ifdef LUCEDESK_VNNI
@@ -131,7 +133,7 @@ inline __m512 bf16_rounded(__m512 v) {
 // row the same bits whatever its batch.
 RowsQ8 quantize_silu_times_up(const c10::BFloat16* gate_up, int64_t M, int64_t I) {
   const int64_t groups = I / 32;
-  RowsQ8 out{Scratch<int8_t>(M * I), Scratch<float>(M * groups), Scratch<float>(M * groups)};
+  RowsQ8 out(M, I);
   const __m512 one = _mm512_set1_ps(1.f);
   const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(int32_t(0x80000000u)));  // -x
   at::parallel_for(0, M * groups, 128, [&](int64_t begin, int64_t end) {  // ~20 ns a group

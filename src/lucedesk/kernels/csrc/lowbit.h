@@ -247,12 +247,11 @@ at::Tensor lowbit_rows(const RowsQ8& xq, int64_t M, const at::Tensor& q, const a
 at::Tensor lowbit_linear(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d,
                          const at::Tensor& m, int64_t bits, bool vector,
                          const std::optional<at::Tensor>& lut) {
-  const auto [N, K] = check_lowbit_weight(q, d, m, bits, vector, lut);
+  const int64_t K = check_lowbit_weight(q, d, m, bits, vector, lut).second;
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kBFloat16,
               "lowbit linear: x must be contiguous bfloat16 [M, K]");
   TORCH_CHECK(x.size(1) == K, "lowbit linear: x has ", x.size(1), " inputs, the weights ", K);
   const int64_t M = x.size(0);
-  if (M == 0) return at::empty({0, N}, x.options());
   return lowbit_rows(quantize_rows(x.data_ptr<c10::BFloat16>(), M, K), M, q, d, m, bits, vector,
                      lut);
 }
@@ -306,7 +305,7 @@ at::Tensor lowbit_moe_linear(const at::Tensor& x, const std::optional<at::Tensor
   // x's rows quantized once, then laid out in the grouped order.
   const RowsQ8 xq = quantize_rows(x.data_ptr<c10::BFloat16>(), R, K);
   const int64_t groups = K / 32;
-  RowsQ8 grouped{Scratch<int8_t>(P * K), Scratch<float>(P * groups), Scratch<float>(P * groups)};
+  RowsQ8 grouped(P, K);
   for (int64_t i = 0; i < P; ++i) {
     const int64_t r = rp ? rp[order[i]] : order[i];
     std::memcpy(grouped.q.data() + i * K, xq.q.data() + r * K, K);
