@@ -8,7 +8,7 @@ import time
 
 import httpx
 import pytest
-from textual.widgets import TextArea
+from textual.widgets import Label, TextArea
 
 from lucedesk.agent import AgentSession, Approvals
 from lucedesk.agent import children as agent_children
@@ -448,3 +448,27 @@ async def test_a_reply_cut_by_a_crash_shows_as_interrupted(env):
         assert [m["status"] for m in pane.session.messages] == ["done", "interrupted"]
         labels = [str(label.render()) for label in pane.query("MessageView Label")]
         assert labels[-1] == "assistant · interrupted"
+
+
+
+async def test_quitting_while_a_reply_streams_exits_cleanly(env):
+    # Quitting mid-reply stops the agent, and its last word on the reply ("stopped") can
+    # reach the view while the app is taking the view's parts down. That order, made certain
+    # here: the title gone first, then the app quitting, then the reply's end.
+    app = make_app(env)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await started(pilot)
+        pane = screen.panes[0]
+        await type_and_send(pilot, pane, "/max 900")
+        await type_and_send(pilot, pane, "a long answer please")
+
+        def streaming() -> MessageView | None:
+            views = [v for v in pane.query(MessageView) if v.role == "assistant" and v.content]
+            return views[0] if views else None
+
+        await wait_for(pilot, lambda: streaming() is not None)
+        view = streaming()
+        await view.query_one(Label).remove()
+        app.exit()
+        await view.finish("stopped")
+    assert app.return_code == 0

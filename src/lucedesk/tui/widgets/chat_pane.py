@@ -277,8 +277,8 @@ class ChatPane(Vertical, can_focus=False):
     async def on_agent_update(self, message: AgentUpdate) -> None:
         """What the agent of the shown session did; the screen forwards every update."""
         event = message.event
-        if event.session.id != self.session.id:
-            return
+        if event.session.id != self.session.id or not self.is_attached:
+            return  # another session's, or the app is quitting: nothing left to show it in
         if isinstance(event, PhaseChanged):
             self.refresh_header()
         elif isinstance(event, MessageAdded):

@@ -84,7 +84,7 @@ class MessageView(Vertical):
         return False
 
     async def _render_pending(self) -> None:
-        if not self._pending:
+        if not self._pending or not self.is_attached:
             return
         if self._stream is None:
             self._stream = Markdown.get_stream(self.markdown)
@@ -103,4 +103,7 @@ class MessageView(Vertical):
             await self._stream.stop()
             self._stream = None
         self.title = f"{self.role} · {note}" if note else self.role
-        self.query_one(Label).update(self.title)
+        # Not once the app is quitting (a reply stopped by Ctrl+Q ends here while the app
+        # takes its widgets down: the title may be gone already).
+        if self.is_attached:
+            self.query_one(Label).update(self.title)
