@@ -1,12 +1,14 @@
-"""Sampling filters and streaming detokenization."""
+"""Sampling filters, the greedy choice and streaming detokenization."""
 
 from __future__ import annotations
 
 import torch
 
 from lucedesk.engine.models.loader import load_model
-from lucedesk.engine.request import SamplingParams
+from lucedesk.engine.request import Request, SamplingParams
 from lucedesk.engine.sampler import Sampler, nucleus, uniform
+from lucedesk.kernels.cpu import greedy_cpu
+from lucedesk.kernels.layers_torch import greedy_torch
 
 
 def spread(n: int) -> list[float]:
@@ -105,3 +107,50 @@ def test_tiny_temperature_and_top_p_stay_valid():
     ):
         assert params.greedy or Sampler.sample_row(logits, params, 0.5) == 3
     assert SamplingParams(temperature=1e-300).greedy
+
+
+def awkward_logits(g: torch.Generator, rows: int, vocab: int) -> torch.Tensor:
+    """Few distinct values (ties everywhere), with NaN, +-inf and -0 among them."""
+    x = torch.randint(-3, 4, (rows, vocab), generator=g).float()
+    u = torch.rand(rows, vocab, generator=g)
+    x[u < 0.02] = float("nan")
+    x[(u >= 0.02) & (u < 0.04)] = float("inf")
+    x[(u >= 0.04) & (u < 0.1)] = float("-inf")
+    x[(u >= 0.1) & (u < 0.2)] = -0.0
+    return x
+
+
+def test_the_cpu_greedy_choice_is_torch_argmax():
+    # First maximum, a NaN above all; vocabularies around the vector width's tails, rows
+    # that split between threads, every entry -inf, rows with a stride.
+    g = torch.Generator().manual_seed(0)
+    cases = [(rows, vocab) for rows in (1, 3, 40) for vocab in (1, 15, 16, 17, 33, 257)]
+    cases += [(1, 49152), (16, 49152), (2, 151936)]
+    for trial, (rows, vocab) in enumerate(cases * 20):
+        x = awkward_logits(g, rows, vocab)
+        if trial % 7 == 0:
+            x[rows // 2] = float("-inf")
+        if trial % 5 == 0:
+            x[:, : vocab // 2] = float("-inf")  # the maximum late in the row
+        views = [x, x[:, : max(1, vocab - 1)], x[::2]]
+        for logits in views:
+            assert torch.equal(greedy_cpu(logits), greedy_torch(logits)), (trial, logits)
+    assert greedy_cpu(torch.empty(0, 8)).shape == (0,)
+
+
+def test_the_sampler_chooses_greedy_rows_with_the_kernels_choice():
+    logits = torch.tensor([[1.0, 3.0, 3.0], [float("nan"), 9.0, float("nan")]])
+    asked = []
+
+    def greedy(rows: torch.Tensor) -> torch.Tensor:
+        asked.append(rows.shape[0])
+        return greedy_cpu(rows)
+
+    sampler = Sampler(greedy)
+    reqs = [Request(f"r{i}", [1], SamplingParams(max_tokens=2, temperature=0)) for i in (0, 1)]
+    for slot, req in enumerate(reqs):
+        req.slot = slot
+    assert sampler.sample(logits, reqs).sampled == {0: 1, 1: 0}
+    assert sampler.choose(logits[0], reqs[0], 1) == 1
+    assert sampler.verify(logits, reqs[0], (1,)) == ((1,), 0, False)
+    assert asked == [2, 1, 2]

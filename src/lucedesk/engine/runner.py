@@ -87,7 +87,7 @@ class TorchSeqEngine:
         # per token and KV head (kernels/kv_storage.py).
         self.caches = [LayerKV.allocate(shape, model.dtype, kv_dtype, device) for _ in model.layers]
         self.scale = c.attention_scale
-        self.sampler = Sampler()
+        self.sampler = Sampler(self.kernels.greedy)
 
     def forget(self, request_ids: list[str]) -> None:
         self.sampler.forget(request_ids)
@@ -149,7 +149,9 @@ class TorchSeqEngine:
             sampling = [r.request for r in plan.rows if r.sample and not r.draft]
             result = StepResult({}, {})
             if sampling:
-                result = self.sampler.sample(logits[plain], sampling)
+                # Every row plain (no drafts): the logits as they are, not a copy of them.
+                rows = logits if len(plain) == len(want) else logits[plain]
+                result = self.sampler.sample(rows, sampling)
             if not drafts:
                 return result
             # Draft rows ask for no logprobs (the engine's rule).

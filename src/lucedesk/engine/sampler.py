@@ -4,6 +4,7 @@ grammar matchers fed with what was chosen. One entry point, `Sampler.sample`."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import torch
 
@@ -11,6 +12,7 @@ from lucedesk.engine.grammar import short_error
 from lucedesk.engine.handle import TokenLogprob
 from lucedesk.engine.request import Request, SamplingParams
 from lucedesk.engine.seq_engine import StepResult
+from lucedesk.kernels.layers_torch import greedy_torch
 
 MASK64 = (1 << 64) - 1
 NUCLEUS_FIRST_LOOK = 64  # top-p looks at this many best tokens before sorting them all
@@ -34,7 +36,8 @@ class Sampler:
     tokens it would get without one. Rows with a grammar are masked first; rows without one
     pay nothing for it."""
 
-    def __init__(self) -> None:
+    def __init__(self, greedy: Callable[[torch.Tensor], torch.Tensor] = greedy_torch) -> None:
+        self.greedy = greedy  # logits [R, vocab] -> each row's argmax (the kernels' own)
         self._bases: dict[str, int] = {}  # request -> base seed of its draws
         self._executor = None  # llguidance's thread pool, made at the first grammar row
         self._shifts = torch.arange(32, dtype=torch.int32)
@@ -54,7 +57,7 @@ class Sampler:
         """The token at `position` of prompt + output from its logits [vocab] (no grammar)."""
         p = req.params
         if p.greedy:
-            return int(logits.argmax())
+            return int(self.greedy(logits[None])[0])
         return self.sample_row(logits, p, uniform(self.base(req.request_id, p.seed), position))
 
     def verify(
@@ -69,7 +72,7 @@ class Sampler:
         drawn from p without d. A grammar row is masked and fed one position at a time."""
         n = req.num_tokens
         if req.matcher is None and req.params.greedy:
-            greedy = logits.argmax(dim=-1).tolist()
+            greedy = self.greedy(logits).tolist()
             kept = 0
             while kept < len(draft) and draft[kept] == greedy[kept]:
                 kept += 1
@@ -103,7 +106,7 @@ class Sampler:
         constrained = [i for i, r in enumerate(requests) if r.matcher is not None]
         if constrained:
             self._apply_masks(logits, requests, constrained, errors)
-        greedy = logits.argmax(dim=-1).tolist()
+        greedy = self.greedy(logits).tolist()
         sampled: dict[int, int] = {}
         for i, req in enumerate(requests):
             if req.slot in errors:

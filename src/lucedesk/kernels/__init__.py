@@ -3,7 +3,7 @@ rotary embedding, in three implementations picked by name:
 
 - `torch`: plain torch ops, runs anywhere; the reference the others are tested against.
 - `cpu`: C++ kernels built on first use (`cpu_build.py`, wrapped in `cpu.py`): attention
-  over KV blocks in place, fused norms and rotary, for CPUs.
+  over KV blocks in place, fused norms and rotary, greedy choices, for CPUs.
 - `triton`: Triton kernels for GPUs (CUDA, and ROCm unchanged).
 
 `get_kernels(name)` is the one place the runner and the model pick an implementation."""
@@ -35,6 +35,8 @@ class Kernels(NamedTuple):
     rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     # (x [P, K] sorted by expert, weight [E, N, K], counts [E]) -> [P, N]: experts' matmuls
     grouped_linear: Callable[..., torch.Tensor]
+    # (logits [R, vocab] float32) -> [R] int64: torch.argmax(dim=-1)'s choice, the greedy one
+    greedy: Callable[[torch.Tensor], torch.Tensor]
     # A dense layer's halves around attention as one call each (cpu.FusedLayerCalls), or None
     fused: Any = None
     # A dense model's layers as one call a step (cpu_stack.DenseStack), or None
@@ -59,7 +61,7 @@ def resolve_kernels(name: str, device: torch.device) -> str:
 
 def get_kernels(name: str) -> Kernels:
     from lucedesk.kernels.attention_torch import paged_attention_torch, write_kv_torch
-    from lucedesk.kernels.layers_torch import add_rms_norm_torch, rotary_torch
+    from lucedesk.kernels.layers_torch import add_rms_norm_torch, greedy_torch, rotary_torch
     from lucedesk.kernels.moe_torch import grouped_linear_torch
 
     if name == "torch":
@@ -70,11 +72,13 @@ def get_kernels(name: str) -> Kernels:
             add_rms_norm_torch,
             rotary_torch,
             grouped_linear_torch,
+            greedy_torch,
         )
     if name == "cpu":
         from lucedesk.kernels.cpu import (
             FusedLayerCalls,
             add_rms_norm_cpu,
+            greedy_cpu,
             paged_attention_cpu,
             rotary_cpu,
             write_kv_cpu,
@@ -95,6 +99,7 @@ def get_kernels(name: str) -> Kernels:
             add_rms_norm_cpu,
             rotary_cpu,
             grouped_linear_torch,
+            greedy_cpu,
             FusedLayerCalls(),
             DenseStack,
         )
@@ -107,6 +112,12 @@ def get_kernels(name: str) -> Kernels:
         except ImportError as exc:
             raise ConfigError(f"kernels 'triton' need the triton package ({exc})") from None
         return Kernels(
-            "triton", write_kv, paged_attention, add_rms_norm_triton, rotary_triton, grouped_linear
+            "triton",
+            write_kv,
+            paged_attention,
+            add_rms_norm_triton,
+            rotary_triton,
+            grouped_linear,
+            greedy_torch,
         )
     raise ConfigError(f"unknown kernels {name!r} (one of {', '.join(KERNEL_CHOICES)})")

@@ -157,6 +157,14 @@ def rotary_cpu(
     return q, k
 
 
+def greedy_cpu(logits: torch.Tensor) -> torch.Tensor:
+    """logits [R, vocab] float32 -> [R] int64: torch.argmax(dim=-1)'s choice (the first
+    maximum, a NaN above any number), vectorized; ~10x ATen's on a 49k vocabulary."""
+    require(logits.dim() == 2, f"logits must be [rows, vocab], got {tuple(logits.shape)}")
+    require(logits.dtype == torch.float32, f"logits must be float32, got {logits.dtype}")
+    return load_cpu_ops().greedy_tokens(logits if logits.stride(1) == 1 else logits.contiguous())
+
+
 class FusedLayerCalls:
     """A layer's two halves around attention as one C++ call each (csrc/fused.h), bit for
     bit the separate calls: norm + qkv (+ bias) (+ q/k norms) + rotary (+ the K/V write),

@@ -1,4 +1,5 @@
-"""RMSNorm (with the residual add) and rotary embedding in plain torch: the CPU fallback
+"""RMSNorm (with the residual add), rotary embedding and the greedy choice in plain torch: the
+CPU fallback
 and the reference the C++ and Triton kernels are tested against.
 
 Statistics are float32 whatever the activation dtype, and results are rounded to the
@@ -42,3 +43,8 @@ def rotary_torch(
     """q: [T, nh, hd], k: [T, kvh, hd], cos/sin: [T, hd] -> rotated (q, k)."""
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+def greedy_torch(logits: torch.Tensor) -> torch.Tensor:
+    """logits [R, vocab] -> [R] int64: each row's first maximum, a NaN above any number."""
+    return logits.argmax(dim=-1)

@@ -10,6 +10,8 @@
 // so each block is read once per KV head. Every row's result depends only on that row and
 // its causal end: batching, or the other rows of its sequence, cannot change it. Prompt
 // chunks in bf16 take the flash kernel in prefill.h, with the same property.
+//
+// Greedy rows take each row's first maximum (sampling.h), torch.argmax's choice, NaN included.
 
 #include "attention.h"
 #include "fused.h"
@@ -18,6 +20,7 @@
 #include "layers.h"
 #include "lowbit.h"
 #include "prefill.h"
+#include "sampling.h"
 #include "stack.h"
 
 TORCH_LIBRARY(lucedesk_cpu, m) {
@@ -51,6 +54,7 @@ TORCH_LIBRARY(lucedesk_cpu, m) {
       "int bits, bool vector, Tensor? lut) -> Tensor",
       &lowbit_moe_linear);
   m.def("lowbit_vector_available() -> bool", &lowbit_vector_available);
+  m.def("greedy_tokens(Tensor logits) -> Tensor", &greedy_tokens);
   m.def("rotary_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin) -> ()",
         &rotary_);
   m.def(
