@@ -91,6 +91,7 @@ def two_threads():
     "kv_heads,heads,head_dim,window,draft,int8",
     [
         (3, 9, 64, 0, 1, False),
+        (3, 9, 64, 0, 4, False),
         (1, 4, 256, 200, 1, False),
         (1, 4, 256, 0, 1, False),
         (2, 4, 128, 1100, 1, False),
@@ -103,15 +104,17 @@ def test_decode_rows_do_not_depend_on_the_batch(
     two_threads, kv_heads, heads, head_dim, window, draft, int8
 ):
     """A sequence's output is the same alone or among others, bit for bit: alone, its KV
-    heads' query heads are split over the threads (a short context), or its keys and then
-    its columns are (one or two KV heads of 128 or more columns over 1,024 keys or more,
-    with a draft's rows, over an 8-bit cache); among the others, neither. (On two threads 4
-    sequences x KV heads are tasks enough; 1 is not.)"""
+    heads go whole to the threads (two or three of them), or its one KV head's query heads
+    are split over the threads (a short context), or its keys and then its columns are (one
+    or two KV heads of 128 or more columns over 1,024 keys or more, with a draft's rows,
+    over an 8-bit cache), or its keys alone (three heads of 64 columns over 1,400 keys);
+    among the others, none of these. (On two threads 4 sequences x KV heads are tasks
+    enough; 1 is not.)"""
     check_rows_alone_and_among_others(kv_heads, heads, head_dim, window, draft, int8)
 
 
 def check_rows_alone_and_among_others(kv_heads, heads, head_dim, window, draft, int8):
-    seqs = [(300, 1), (17, 1), (1300, draft), (64, 1)]
+    seqs = [(300, 1), (17, 1), (1400, draft), (64, 1)]
     k_cache, v_cache, meta = make_batch(
         3, 16, seqs, kv_heads, head_dim, torch.bfloat16, num_decodes=len(seqs)
     )

@@ -359,8 +359,11 @@ struct Decode {
 };
 
 // Keys a step's tasks walk in all, from which sharing a task's keys and columns out over
-// the threads reads less than each thread reading them whole.
-constexpr int64_t kKeysToShare = 1024;
+// the threads reads less than each thread reading them whole. Heads narrower than two
+// column shares keep their value columns on one thread, and pay from more keys (SmolLM2's
+// three KV heads of 64 columns, one stream on two threads, read cold: 1024 tokens 62 ->
+// 71 us a layer, 2048 138 -> 129, 4096 261 -> 244, eight draft rows at 4096 542 -> 501).
+constexpr int64_t kKeysToShare = 1024, kKeysToShareNarrow = 4096;
 // The fewest columns of a value row one thread's share may hold: 64 bf16 columns are two
 // cache lines, so threads do not share a line or its prefetched neighbour. (A head of 64
 // columns, split in two, ran slower than each thread reading the rows whole.)
@@ -379,13 +382,21 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
   // least kColumnsToShare of them.
   const int64_t pieces = tasks == 0 ? 1 : (wanted + tasks - 1) / tasks;
   const int64_t column_pieces = std::min(pieces, d.hd / kColumnsToShare);
-  if (tasks > 0 && tasks < wanted && d.bf16_passes() && column_pieces >= 2) {
+  if (tasks > 0 && tasks < wanted && d.bf16_passes()) {
     int64_t keys = 0;
     for (int64_t s = 0; s < d.S; ++s)
       keys += window > 0 ? std::min<int64_t>(d.lens[s], window) : d.lens[s];
-    if (keys * d.kvh >= kKeysToShare) return d.by_keys(pieces, column_pieces);
+    if (keys * d.kvh >= (column_pieces >= 2 ? kKeysToShare : kKeysToShareNarrow))
+      return d.by_keys(pieces, column_pieces);
   }
-  d.by_tasks(std::clamp<int64_t>(pieces, 1, d.full));
+  // Whole tasks where they keep the threads about as busy as three keep two (the longest
+  // thread a third over the mean): a group of query heads split in parts has each part
+  // read its KV head's keys and values, and smaller groups dot them without regrouping
+  // (SmolLM2, one stream on two threads, read cold: 33 -> 24 us a layer at 256 tokens,
+  // 90 -> 62 at 1024; eight draft rows 45 -> 44 and 160 -> 144).
+  const int64_t threads = wanted / 2, rounds = (tasks + threads - 1) / threads;
+  const bool whole = 3 * rounds * threads <= 4 * tasks;
+  d.by_tasks(whole ? 1 : std::clamp<int64_t>(pieces, 1, d.full));
 }
 
 void paged_decode_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache,
