@@ -361,8 +361,8 @@ struct Decode {
 // Keys a step's tasks walk in all, from which sharing a task's keys and columns out over
 // the threads reads less than each thread reading them whole. Heads narrower than two
 // column shares keep their value columns on one thread, and pay from more keys (SmolLM2's
-// three KV heads of 64 columns, one stream on two threads, read cold: 1024 tokens 62 ->
-// 71 us a layer, 2048 138 -> 129, 4096 261 -> 244, eight draft rows at 4096 542 -> 501).
+// three KV heads of 64 columns, one stream on two threads, read cold, us a layer with
+// whole heads vs shared keys: 1024 tokens 62 vs 71, 2048 138 vs 129, 4096 261 vs 244).
 constexpr int64_t kKeysToShare = 1024, kKeysToShareNarrow = 4096;
 // The fewest columns of a value row one thread's share may hold: 64 bf16 columns are two
 // cache lines, so threads do not share a line or its prefetched neighbour. (A head of 64
@@ -391,9 +391,10 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
   }
   // Whole tasks where they keep the threads about as busy as three keep two (the longest
   // thread a third over the mean): a group of query heads split in parts has each part
-  // read its KV head's keys and values, and smaller groups dot them without regrouping
-  // (SmolLM2, one stream on two threads, read cold: 33 -> 24 us a layer at 256 tokens,
-  // 90 -> 62 at 1024; eight draft rows 45 -> 44 and 160 -> 144).
+  // read its KV head's keys and values, and smaller groups dot them without regrouping.
+  // With the narrow heads' shared keys above (SmolLM2, one stream on two threads, read
+  // cold, us a layer against splitting the groups: 1024 tokens 83 -> 72, 4096 291 -> 251,
+  // 16k 1918 -> 937; eight draft rows at 4096 627 -> 539; 256 tokens within the noise).
   const int64_t threads = wanted / 2, rounds = (tasks + threads - 1) / threads;
   const bool whole = 3 * rounds * threads <= 4 * tasks;
   d.by_tasks(whole ? 1 : std::clamp<int64_t>(pieces, 1, d.full));
