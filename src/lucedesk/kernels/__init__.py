@@ -1,5 +1,5 @@
-"""Kernels for one decoder step: paged attention and KV writes, residual-add + RMSNorm and
-rotary embedding, in three implementations picked by name:
+"""Kernels for one decoder step: paged attention and KV writes, residual-add + RMSNorm,
+rotary embedding and the greedy choice, in three implementations picked by name:
 
 - `torch`: plain torch ops, runs anywhere; the reference the others are tested against.
 - `cpu`: C++ kernels built on first use (`cpu_build.py`, wrapped in `cpu.py`): attention

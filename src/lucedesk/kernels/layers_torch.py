@@ -1,6 +1,5 @@
-"""RMSNorm (with the residual add), rotary embedding and the greedy choice in plain torch: the
-CPU fallback
-and the reference the C++ and Triton kernels are tested against.
+"""RMSNorm (with the residual add), rotary embedding and the greedy choice in plain torch:
+the CPU fallback and the reference the C++ and Triton kernels are tested against.
 
 Statistics are float32 whatever the activation dtype, and results are rounded to the
 activation dtype where the reference models round (after the normalisation, after each
