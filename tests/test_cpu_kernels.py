@@ -92,6 +92,7 @@ def two_threads():
     [
         (3, 9, 64, 0, 1, False),
         (3, 9, 64, 0, 4, False),
+        (3, 6, 32, 0, 1, False),
         (1, 4, 256, 200, 1, False),
         (1, 4, 256, 0, 1, False),
         (2, 4, 128, 1100, 1, False),
@@ -107,8 +108,9 @@ def test_decode_rows_do_not_depend_on_the_batch(
     heads go whole to the threads (two or three of them), or its one KV head's query heads
     are split over the threads (a short context), or its keys and then its columns are (one
     or two KV heads of 128 or more columns over 1,024 keys or more, with a draft's rows,
-    over an 8-bit cache), or its keys alone (three heads of 64 columns over 1,400 keys);
-    among the others, none of these. (On two threads 4 sequences x KV heads are tasks
+    over an 8-bit cache), or its keys alone (three heads of 64 or 32 columns over 1,400
+    keys, with a draft's rows or not; its shorter sequences go whole); among the others,
+    none of these. (On two threads 4 sequences x KV heads are tasks
     enough; 1 is not.)"""
     check_rows_alone_and_among_others(kv_heads, heads, head_dim, window, draft, int8)
 

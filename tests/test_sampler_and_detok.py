@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from lucedesk.engine.models.loader import load_model
@@ -109,12 +111,15 @@ def test_tiny_temperature_and_top_p_stay_valid():
     assert SamplingParams(temperature=1e-300).greedy
 
 
-def awkward_logits(g: torch.Generator, rows: int, vocab: int) -> torch.Tensor:
-    """Few distinct values (ties everywhere), with NaN, +-inf and -0 among them."""
-    x = torch.randint(-3, 4, (rows, vocab), generator=g).float()
+def awkward_logits(g: torch.Generator, rows: int, vocab: int, kind: int) -> torch.Tensor:
+    """Few distinct values (ties everywhere), with +-inf and -0 among them; NaN too (kind 0),
+    or none and a maximum of 0 (kind 1, -0 and +0 tied at it), or none (kind 2)."""
+    x = torch.randint(-3, 1 if kind == 1 else 4, (rows, vocab), generator=g).float()
     u = torch.rand(rows, vocab, generator=g)
-    x[u < 0.02] = float("nan")
-    x[(u >= 0.02) & (u < 0.04)] = float("inf")
+    if kind == 0:
+        x[u < 0.02] = float("nan")
+    if kind != 1:
+        x[(u >= 0.02) & (u < 0.04)] = float("inf")
     x[(u >= 0.04) & (u < 0.1)] = float("-inf")
     x[(u >= 0.1) & (u < 0.2)] = -0.0
     return x
@@ -126,16 +131,17 @@ def test_the_cpu_greedy_choice_is_torch_argmax():
     g = torch.Generator().manual_seed(0)
     cases = [(rows, vocab) for rows in (1, 3, 40) for vocab in (1, 15, 16, 17, 33, 257)]
     cases += [(1, 49152), (16, 49152), (2, 151936)]
-    for trial, (rows, vocab) in enumerate(cases * 20):
-        x = awkward_logits(g, rows, vocab)
-        if trial % 7 == 0:
+    for rep, (rows, vocab) in itertools.product(range(20), cases):
+        x = awkward_logits(g, rows, vocab, rep % 3)
+        if rep % 4 == 1:
             x[rows // 2] = float("-inf")
-        if trial % 5 == 0:
+        if rep % 5 == 2:
             x[:, : vocab // 2] = float("-inf")  # the maximum late in the row
         views = [x, x[:, : max(1, vocab - 1)], x[::2]]
         for logits in views:
-            assert torch.equal(greedy_cpu(logits), greedy_torch(logits)), (trial, logits)
+            assert torch.equal(greedy_cpu(logits), greedy_torch(logits)), (rep, logits)
     assert greedy_cpu(torch.empty(0, 8)).shape == (0,)
+    assert greedy_cpu(torch.randn(1, 3).t()).tolist() == [0, 0, 0]  # a vocabulary of one
 
 
 def test_the_sampler_chooses_greedy_rows_with_the_kernels_choice():

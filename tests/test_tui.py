@@ -450,7 +450,6 @@ async def test_a_reply_cut_by_a_crash_shows_as_interrupted(env):
         assert labels[-1] == "assistant · interrupted"
 
 
-
 async def test_quitting_while_a_reply_streams_exits_cleanly(env):
     # Quitting mid-reply stops the agent, and its last word on the reply ("stopped") can
     # reach the view while the app is taking the view's parts down. That order, made certain

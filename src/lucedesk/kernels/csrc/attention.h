@@ -379,9 +379,10 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
                        window, sinks, k_scales, v_scales);
   const int64_t tasks = d.S * d.kvh, wanted = 2 * static_cast<int64_t>(at::get_num_threads());
   // Shares a task's work takes: keys to every thread, value columns to as many as take at
-  // least kColumnsToShare of them.
+  // least kColumnsToShare of them (one thread where the head is narrower).
   const int64_t pieces = tasks == 0 ? 1 : (wanted + tasks - 1) / tasks;
-  const int64_t column_pieces = std::min(pieces, d.hd / kColumnsToShare);
+  const int64_t column_pieces =
+      std::max<int64_t>(1, std::min(pieces, d.hd / kColumnsToShare));
   if (tasks > 0 && tasks < wanted && d.bf16_passes()) {
     int64_t keys = 0;
     for (int64_t s = 0; s < d.S; ++s)

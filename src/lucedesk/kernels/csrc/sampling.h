@@ -52,7 +52,7 @@ inline int64_t first_maximum(const float* row, int64_t n) {
 // logits: [R, V] float32, each row contiguous -> [R] int64, each row's first_maximum.
 at::Tensor greedy_tokens(const at::Tensor& logits) {
   TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.size(1) >= 1 &&
-                  logits.stride(1) == 1,
+                  (logits.stride(1) == 1 || logits.size(1) == 1),
               "greedy tokens: logits must be float32 [rows, vocab >= 1] with contiguous rows");
   const int64_t rows = logits.size(0), vocab = logits.size(1), stride = logits.stride(0);
   at::Tensor out = at::empty({rows}, logits.options().dtype(at::kLong));

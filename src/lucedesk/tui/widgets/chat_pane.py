@@ -116,7 +116,8 @@ class ChatPane(Vertical, can_focus=False):
         self.focus_input()  # a click anywhere in the pane leaves the typing where it was
 
     def follow(self) -> None:
-        self.log_view.grew()
+        if self.is_attached:  # not once the app is quitting (updates may still arrive)
+            self.log_view.grew()
 
     # -- state ------------------------------------------------------------------------------
 
@@ -287,8 +288,9 @@ class ChatPane(Vertical, can_focus=False):
             view = self.view_for(event.message)
             if view is not None:
                 await self.log_view.query("#welcome").remove()
-                await self.log_view.mount(view)
-                self.follow()
+                if self.is_attached:
+                    await self.log_view.mount(view)
+                    self.follow()
         elif isinstance(event, TextStreamed):
             view = self.views.get(event.message["id"])
             if isinstance(view, MessageView):
@@ -307,6 +309,8 @@ class ChatPane(Vertical, can_focus=False):
             elif isinstance(view, MessageView):
                 meta = event.message.get("meta") or {}
                 await view.finish(" · ".join(message_notes(event.message)) or None)
+                if not self.is_attached:
+                    return
                 if event.message["content"] and view.content != event.message["content"]:
                     await view.replace(event.message["content"])
                 self.follow()

@@ -57,6 +57,8 @@ class MessageView(Vertical):
         """The reply's reasoning so far, folded (opened by a click). While folded, the text
         is only kept: a long reasoning is laid out when it is opened, not at every piece."""
         self.reasoning = reasoning
+        if not self.is_attached:  # the app is quitting
+            return
         found = self.query(Collapsible)
         if not found:
             await self.mount(self._reasoning_block(), before=self.markdown)
@@ -95,7 +97,8 @@ class MessageView(Vertical):
     async def replace(self, text: str) -> None:
         """Show `text` instead (a reply rewritten when it ended: a /fanout split)."""
         self.content, self._pending = text, ""
-        await self.markdown.update(text)
+        if self.is_attached:  # not once the app is quitting
+            await self.markdown.update(text)
 
     async def finish(self, note: str | None = None) -> None:
         await self._render_pending()
