@@ -131,6 +131,12 @@ async def type_and_send(pilot, pane: ChatPane, text: str) -> None:
     await pilot.pause()
 
 
+async def ask_for_a_long_reply(pilot, pane: ChatPane) -> None:
+    """A reply of up to 900 tokens (a random model's run to their max): time to watch it."""
+    await type_and_send(pilot, pane, "/max 900")
+    await type_and_send(pilot, pane, "a long answer please")
+
+
 def replied(pane: ChatPane, count: int) -> bool:
     """The session holds `count` messages and no reply is still being written (a reply is
     stored from its first token on)."""
@@ -177,8 +183,7 @@ async def test_escape_mid_reply_frees_the_slot(env):
     async with app.run_test(size=SIZE) as pilot:
         screen = await started(pilot)
         pane = screen.panes[0]
-        await type_and_send(pilot, pane, "/max 900")
-        await type_and_send(pilot, pane, "a long answer please")
+        await ask_for_a_long_reply(pilot, pane)
         await wait_for(pilot, lambda: decoding(app) == 1)
         await pilot.press("escape")
         await wait_for(pilot, lambda: not pane.busy)
@@ -415,8 +420,7 @@ async def test_a_reply_is_saved_while_it_streams(env):
     async with app.run_test(size=SIZE) as pilot:
         screen = await started(pilot)
         pane = screen.panes[0]
-        await type_and_send(pilot, pane, "/max 900")
-        await type_and_send(pilot, pane, "a long answer please")
+        await ask_for_a_long_reply(pilot, pane)
 
         def saved() -> tuple[str, str] | None:
             with sqlite3.connect(env[0] / "sessions.db") as db:
@@ -458,8 +462,7 @@ async def test_quitting_while_a_reply_streams_exits_cleanly(env):
     async with app.run_test(size=SIZE) as pilot:
         screen = await started(pilot)
         pane = screen.panes[0]
-        await type_and_send(pilot, pane, "/max 900")
-        await type_and_send(pilot, pane, "a long answer please")
+        await ask_for_a_long_reply(pilot, pane)
 
         def streaming() -> MessageView | None:
             views = [v for v in pane.query(MessageView) if v.role == "assistant" and v.content]

@@ -14,7 +14,15 @@ from lucedesk.tui.screens.loading import LoadingScreen
 from lucedesk.tui.widgets.chat_input import ChatInput
 from lucedesk.tui.widgets.engine_status import EngineStatus
 from lucedesk.tui.widgets.slot_monitor import SlotMonitor, slot_ranges, slot_rows
-from tests.test_tui import SIZE, make_app, prepare, replied, started, type_and_send, wait_for
+from tests.test_tui import (
+    SIZE,
+    ask_for_a_long_reply,
+    make_app,
+    prepare,
+    replied,
+    started,
+    wait_for,
+)
 
 
 @pytest.fixture
@@ -82,8 +90,7 @@ async def test_status_line_shows_slots_in_use_while_a_reply_runs(env):
         assert "KV 0/" in status.shown and "preemptions" not in status.shown
         assert status.region.height == 1 and status.region.y == SIZE[1] - 2  # above the footer
         pane = screen.panes[0]
-        await type_and_send(pilot, pane, "/max 900")
-        await type_and_send(pilot, pane, "a long answer please")
+        await ask_for_a_long_reply(pilot, pane)
         await wait_for(pilot, lambda: "1 running" in status.shown)
         assert str(status.render()) == status.shown
         await pilot.press("escape")
@@ -101,8 +108,7 @@ async def test_monitor_folds_idle_slots_into_one_row(env):
         table = monitor.query_one(DataTable)
         monitor.refresh_stats()
         assert [table.get_row_at(i)[:3] for i in range(table.row_count)] == [["0-3", "", "4 idle"]]
-        await type_and_send(pilot, pane, "/max 900")
-        await type_and_send(pilot, pane, "a long answer please")
+        await ask_for_a_long_reply(pilot, pane)
         await wait_for(pilot, lambda: app.host.engine.stats().num_running == 1)
         monitor.refresh_stats()
         rows = [table.get_row_at(i) for i in range(table.row_count)]

@@ -7,8 +7,7 @@
 #include "common.h"
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-#define LUCEDESK_VNNI 1
-#include <immintrin.h>
+#define LUCEDESK_VNNI 1  // the intrinsics come with common.h's AVX-512 helpers
 #endif
 
 namespace {
