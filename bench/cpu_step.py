@@ -16,11 +16,11 @@ import time
 
 import torch
 
+from lucedesk.catalog.resolve import resolve as resolve_model
 from lucedesk.engine.build import build_engine
 from lucedesk.engine.runner import PagedAttention
 from lucedesk.kernels.metadata import AttentionMetadata
 from lucedesk.profile import resolve
-from lucedesk.pull import resolve_model
 
 
 def weight_bytes(model) -> int:
@@ -54,7 +54,7 @@ def main() -> None:
     args = parser.parse_args()
 
     _, config, _ = resolve(args.profile)
-    path = resolve_model(args.model, print)
+    path = resolve_model(args.model, print).path
     built = build_engine(path, config)
     runner = built.engine.seq_engine
     model = runner.model

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 from lucedesk import profile
+from lucedesk.catalog.resolve import resolve
 from lucedesk.engine import SamplingParams, launch_engine
-from lucedesk.pull import resolve_model
 
 RENAMES = [
     ("shlex", "Lexer"),
@@ -101,7 +101,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     source = Path(args.source).read_text()
-    model = resolve_model(args.model, print)
+    model = resolve(args.model, print).path
     _, config, why = profile.resolve(
         "cpu", ["kv_pool_tokens=65536", "max_model_len=8192", *args.set]
     )

@@ -21,9 +21,9 @@ from cpu_step import weight_bytes
 from kernels import PEAKS
 
 from lucedesk.bench.offline import markdown_table, run_offline
+from lucedesk.catalog.resolve import resolve as resolve_model
 from lucedesk.engine.build import kv_bytes_per_token, launch_engine
 from lucedesk.profile import resolve
-from lucedesk.pull import resolve_model
 
 SETTINGS = ["max_slots=16", "prompt_lookup=false"]  # on top of the profile's
 
@@ -51,7 +51,7 @@ def main() -> None:
     args = parser.parse_args()
 
     _, config, _ = resolve(args.profile, SETTINGS + args.set)
-    path = resolve_model(args.model, print)
+    path = resolve_model(args.model, print).path
     started = time.perf_counter()
     built = launch_engine(path, config, print)  # as the app runs it: its own thread, warmed
     runner = built.engine.seq_engine

@@ -22,11 +22,11 @@ from pathlib import Path
 import torch
 
 from lucedesk import profile
+from lucedesk.catalog.resolve import resolve
 from lucedesk.engine.build import assemble, build_engine
 from lucedesk.engine.request import SamplingParams
 from lucedesk.engine.runner import TorchSeqEngine
 from lucedesk.engine.scoring import score_tokens
-from lucedesk.pull import resolve_model
 
 STDLIB_FILES = ("argparse.py", "typing.py", "dataclasses.py", "functools.py", "pathlib.py")
 FILLER = (
@@ -101,7 +101,7 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=512, help="prompt chunk size")
     parser.add_argument("--markdown", default=None)
     args = parser.parse_args()
-    model = resolve_model(args.model)
+    model = resolve(args.model).path
     pool = args.tokens + 256
     overrides = [f"kv_pool_tokens={pool}", "max_slots=1", f"max_model_len={pool}"]
     _, config, _ = profile.resolve("cpu", overrides)

@@ -39,7 +39,7 @@ from pathlib import Path
 import httpx
 import platformdirs
 
-from lucedesk.pull import resolve_model
+from lucedesk.catalog.resolve import resolve
 
 LLAMA_CPP_PYTHON = "0.3.36"  # its sdist vendors llama.cpp 0c1e57098 (and that commit's git data)
 CMAKE_FLAGS = [
@@ -463,7 +463,7 @@ def main(argv: list[str]) -> None:
         print(binary)
         return
     bench = bench_args(passthrough)
-    model = resolve_model(args.model, say)
+    model = resolve(args.model, say).path
     name = args.name or model.stem
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lucedesk-peer-")))

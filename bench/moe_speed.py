@@ -191,11 +191,11 @@ def main() -> None:
 
     from platformdirs import user_cache_dir
 
-    from lucedesk.pull import resolve_model
+    from lucedesk.catalog.resolve import resolve
 
     folder = Path(user_cache_dir("lucedesk")) / "bench"
     folder.mkdir(parents=True, exist_ok=True)
-    vocabulary = resolve_model(None, print)
+    vocabulary = resolve(None, print).path
     paths = {
         "dense": write_model(folder / "dense-135m-q4_0.gguf", False, vocabulary),
         "moe": write_model(folder / "moe-8x-135m-active-q4_0.gguf", True, vocabulary),

@@ -16,10 +16,10 @@ import time
 from lucedesk import profile
 from lucedesk.bench.metrics import percentile, summarize
 from lucedesk.bench.offline import closed_loop, random_prompts
+from lucedesk.catalog.resolve import resolve
 from lucedesk.engine.build import launch_engine
 from lucedesk.engine.chat_encoder import encode_chat
 from lucedesk.engine.request import SamplingParams
-from lucedesk.pull import resolve_model
 
 
 def shared_prompt_run(model, cache: bool) -> dict:
@@ -81,7 +81,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default=None)
     args = parser.parse_args()
-    model = resolve_model(args.model)
+    model = resolve(args.model).path
     print(
         "| prefix cache | wall (s) | TTFT p50 (ms) | TTFT p90 (ms) | output tok/s "
         "| prompt tokens computed |"

@@ -18,8 +18,8 @@ import statistics
 import time
 
 from lucedesk import profile
+from lucedesk.catalog.resolve import resolve
 from lucedesk.engine import SamplingParams, launch_engine
-from lucedesk.pull import resolve_model
 
 PROMPT = "Write a long story about a lighthouse keeper and a storm at sea."
 
@@ -76,7 +76,7 @@ def main() -> None:
     parser.add_argument("--background", type=int, default=15)
     parser.add_argument("--set", action="append", default=[], help="engine key=value")
     args = parser.parse_args()
-    model = resolve_model(args.model, print)
+    model = resolve(args.model, print).path
     _, config, why = profile.resolve("cpu", [f"max_slots={args.background + 1}", *args.set])
     print(why, f"· background_every={config.background_every}")
     built = launch_engine(model, config)

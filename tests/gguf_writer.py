@@ -49,8 +49,11 @@ def write_gguf(
     arch: str = "llama",
     seed: int = 0,
     tokenizer_dir: Path | None = None,
+    split_max_tensors: int = 0,
 ) -> Path:
-    """A random model; `types` maps a tensor role (token_embd, attn_q, ...) to its type."""
+    """A random model; `types` maps a tensor role (token_embd, attn_q, ...) to its type;
+    `split_max_tensors`: split into parts of that many tensors, as llama.cpp's gguf-split
+    does (`path`'s stem + -00001-of-0000N.gguf; returns the first part's path)."""
     rng = np.random.default_rng(seed)
     tok_dir = tokenizer_dir or path.parent / (path.stem + "-tok")
     tok_dir.mkdir(parents=True, exist_ok=True)
@@ -58,7 +61,7 @@ def write_gguf(
     tokens, token_types, merges = gguf_tokenizer_fields(tok_dir)
     head_dim = hidden // heads
 
-    w = GGUFWriter(str(path), arch)
+    w = GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     w.add_block_count(layers)
     w.add_context_length(1024)
     w.add_embedding_length(hidden)
@@ -112,7 +115,8 @@ def write_gguf(
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return path
+    parts = w.format_shard_names(path)
+    return parts[0]
 
 
 # -- the new families, written from a tiny Hugging Face checkpoint as llama.cpp's converter

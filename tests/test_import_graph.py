@@ -17,7 +17,8 @@ MAX_LINES = 400
 # import its own modules and units of lower layers, never a unit of its own layer or above.
 LAYERS: list[set[str]] = [
     {"lucedesk", "errors", "owner"},
-    {"config", "kernels", "pull"},
+    {"config", "kernels"},
+    {"catalog"},
     {"profile", "engine"},
     {"store", "server", "bench"},
     {"agent", "export"},

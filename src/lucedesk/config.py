@@ -19,6 +19,9 @@ class EngineConfig:
     block_size: int = 16  # tokens per KV block
     kv_pool_tokens: int = 0  # KV capacity in tokens; 0 = derive from free memory
     kv_memory_fraction: float = 0.5  # of the memory left after the weights, when deriving
+    # Memory kept for activations, logits and the allocator beyond weights and KV: what a
+    # model's fit is checked with before it loads (engine/memory.py).
+    activation_reserve_mb: int = 512
     unified_memory: bool = False  # GPU memory is system RAM (APUs): derive from the smaller
     max_model_len: int = 0  # 0 = the model's own context length
     max_num_batched_tokens: int = 512  # token budget of one step (decode rows + chunks)
@@ -68,7 +71,13 @@ class EngineConfig:
         lookup = self.prompt_lookup_tokens
         if not isinstance(lookup, int) or isinstance(lookup, bool) or not 1 <= lookup <= 64:
             raise fail("prompt_lookup_tokens", "must be an integer from 1 to 64")
-        for key in ("kv_pool_tokens", "max_model_len", "num_threads", "decode_headroom_tokens"):
+        for key in (
+            "kv_pool_tokens",
+            "max_model_len",
+            "num_threads",
+            "decode_headroom_tokens",
+            "activation_reserve_mb",
+        ):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise fail(key, "must be an integer >= 0")

@@ -51,6 +51,8 @@ if TYPE_CHECKING:
         resolve_device,
         resolve_dtype,
     )
+    from lucedesk.engine.memory import Fit, MemoryNeed
+    from lucedesk.engine.memory import estimate as estimate_memory
     from lucedesk.engine.models.loader import read_model_config
 
 _BUILD_NAMES = (
@@ -105,6 +107,9 @@ __all__ = [
     "derive_pool_tokens",
     "kv_bytes_per_token",
     "read_model_config",
+    "Fit",
+    "MemoryNeed",
+    "estimate_memory",
     "resolve_device",
     "resolve_dtype",
     "launch_engine",
@@ -118,6 +123,10 @@ def __getattr__(name: str):
         from lucedesk.engine import build
 
         return getattr(build, name)
+    if name in ("Fit", "MemoryNeed", "estimate_memory"):
+        from lucedesk.engine import memory
+
+        return getattr(memory, "estimate" if name == "estimate_memory" else name)
     if name == "read_model_config":
         from lucedesk.engine.models.loader import read_model_config
 

@@ -13,8 +13,14 @@ from pathlib import Path
 import torch
 
 from lucedesk.config import EngineConfig
+from lucedesk.engine.device import resolve_device, resolve_dtype
 from lucedesk.engine.engine import Engine, ModelInfo
-from lucedesk.engine.models.config import ModelConfig
+from lucedesk.engine.memory import (
+    available_memory,
+    check_fits,
+    derive_pool_tokens,
+    kv_bytes_per_token,
+)
 from lucedesk.engine.models.decoder import DecoderModel, Projection
 from lucedesk.engine.models.expert_weights import (
     experts_fit,
@@ -31,70 +37,6 @@ from lucedesk.kernels import resolve_kernels
 log = logging.getLogger(__name__)
 
 MIB = 1 << 20
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def cpu_has_fast_bf16() -> bool:
-    # AVX512-BF16 / AMX hardware: oneDNN runs bf16 matmuls natively there.
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return " avx512_bf16" in flags or " amx_bf16" in flags
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name != "auto":
-        return getattr(torch, name)
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
-
-
-def kv_bytes_per_token(model: ModelConfig, dtype: torch.dtype, kv_dtype: str = "dtype") -> int:
-    """K and V, every layer, every KV head: `head_dim` values in the model dtype, or at
-    kv_dtype "int8" one byte each plus the row's float32 scale."""
-    row = model.head_dim + 4 if kv_dtype == "int8" else model.head_dim * dtype.itemsize
-    return 2 * model.num_layers * model.num_kv_heads * row
-
-
-def available_memory(device: torch.device, unified: bool = False) -> int:
-    """Bytes free for the KV pool now (after the weights are in place). On a unified-memory
-    APU the GPU allocates from system RAM, so the smaller of the two counts."""
-    if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        if unified:
-            return min(int(free), available_memory(torch.device("cpu")))
-        return int(free)
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 4 << 30
-
-
-def derive_pool_tokens(
-    config: EngineConfig, model: ModelConfig, dtype: torch.dtype, free_bytes: int, max_len: int
-) -> int:
-    """KV capacity in tokens: the configured number, or `kv_memory_fraction` of the free
-    memory; never more than every slot at full context, and whole blocks only."""
-    cap = config.max_slots * max_len
-    if config.kv_pool_tokens:
-        tokens = config.kv_pool_tokens
-    else:
-        tokens = min(
-            int(free_bytes * config.kv_memory_fraction)
-            // kv_bytes_per_token(model, dtype, config.kv_dtype),
-            cap,
-        )
-    return tokens // config.block_size * config.block_size
 
 
 @dataclass(slots=True)
@@ -132,13 +74,26 @@ def check_device(config: EngineConfig) -> torch.device:
     return device
 
 
-def build_engine(model_path: str | Path, config: EngineConfig) -> BuiltEngine:
+def build_engine(
+    model_path: str | Path,
+    config: EngineConfig,
+    name: str | None = None,
+    chat_template: str | None = None,
+) -> BuiltEngine:
+    """The engine for a model file or folder; `name` is what it is called (its file's stem
+    by default), `chat_template` replaces the file's own template."""
+    from lucedesk.catalog.summary import summarize_path
+
     device = check_device(config)
     dtype = resolve_dtype(config.dtype, device)
     if config.num_threads and device.type == "cpu":
         torch.set_num_threads(config.num_threads)
+    path = Path(model_path).expanduser()
+    if path.exists():  # a missing one is the loader's to report
+        free = available_memory(device, config.unified_memory)
+        check_fits(summarize_path(path), config, device, dtype, free, name or path.name)
     # A GGUF mixture's experts stay in the file until their format is chosen (assemble).
-    loaded = load_model(model_path, dtype, lazy_experts=True)
+    loaded = load_model(path, dtype, lazy_experts=True, name=name, chat_template=chat_template)
     loaded.model.to(device)
     return assemble(loaded, config, device)
 
@@ -159,6 +114,8 @@ def launch_engine(
     model_path: str | Path,
     config: EngineConfig,
     progress: Callable[[str], None] | None = None,
+    name: str | None = None,
+    chat_template: str | None = None,
 ) -> BuiltEngine:
     """Load the model and run the engine on one new thread, returning once it is serving.
 
@@ -169,7 +126,7 @@ def launch_engine(
 
     def serve() -> None:
         try:
-            built = build_engine(model_path, config)
+            built = build_engine(model_path, config, name, chat_template)
         except BaseException as exc:  # handed to the caller, who reports it
             ready.put(exc)
             return

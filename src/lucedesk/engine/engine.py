@@ -59,14 +59,23 @@ class Engine(EngineLoop):
         )
         self.chat = ChatEncoder(tokenizer, self.grammars)
         self._ids = itertools.count()
+        self._warming: threading.Thread | None = None
 
     def warm_up(self) -> None:
         """Builds llguidance's view of the vocabulary on a thread of its own (~0.2 s for 49k
         tokens, more for larger ones), so the first request with a grammar or logprobs does
         not wait for it."""
-        threading.Thread(
+        self._warming = threading.Thread(
             target=lambda: self.grammars.ll_tokenizer, name="lucedesk-grammar-warm-up", daemon=True
-        ).start()
+        )
+        self._warming.start()
+
+    def shutdown(self, drain: bool = False, timeout: float = 30.0) -> None:
+        """The engine thread stopped (engine_loop), and the warm-up finished: a process
+        that exits while llguidance builds its vocabulary in native code can crash."""
+        super().shutdown(drain, timeout)
+        if self._warming is not None:
+            self._warming.join(30.0)
 
     def encode_chat(
         self,

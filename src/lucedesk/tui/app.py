@@ -13,6 +13,8 @@ from lucedesk.tui.agents import AgentRunner
 from lucedesk.tui.engine_host import EngineHost
 from lucedesk.tui.screens.loading import LoadingScreen
 
+MODEL_SETTING = "model"  # the model last run: the next start's without --model
+
 
 class LucedeskApp(App):
     CSS_PATH = "app.tcss"
@@ -56,30 +58,33 @@ class LucedeskApp(App):
         loading = next((s for s in self.screen_stack if isinstance(s, LoadingScreen)), None)
         self.pending_input = loading.typed() if loading is not None else ""
         self.update_subtitle()
+        self.store.set_setting(MODEL_SETTING, self.host.model_name)
         if self.host.http_error:
             self.notify(f"HTTP is off: {self.host.http_error}", severity="warning", timeout=8)
         self.switch_screen(MainScreen())
         self.run_worker(self.start_mcp(), group="mcp", exit_on_error=False)
 
-    def switch_model(self, path: str) -> None:
-        """Load another model in place of the running one; conversations stay."""
-        self.notify(f"Loading {path}; running replies finish first.")
+    def switch_model(self, name: str, say=None) -> None:
+        """Load another model in place of the running one (any name --model takes, fetched
+        first where it is not here); conversations stay. `say` shows its progress (a
+        notice each line by default)."""
+        self.notify(f"Loading {name}; running replies finish first.")
         self.run_worker(
-            lambda: self._switch_model(path),
+            lambda: self._switch_model(name, say),
             thread=True,
             exclusive=True,
             group="switch",
             exit_on_error=False,
         )
 
-    def _switch_model(self, path: str) -> None:
+    def _switch_model(self, name: str, say=None) -> None:
         from lucedesk.errors import LucedeskError
 
-        def say(text: str) -> None:
+        def notify(text: str) -> None:
             self.call_from_thread(self.notify, text)
 
         try:
-            self.host.switch(self.host.profile.name, True, say, model=path)
+            self.host.switch(self.host.profile.name, True, say or notify, model=name)
         except Exception as exc:  # said, never a silent worker failure
             text = str(exc) if isinstance(exc, LucedeskError) else f"{type(exc).__name__}: {exc}"
             self.call_from_thread(
@@ -89,7 +94,12 @@ class LucedeskApp(App):
         self.call_from_thread(self.engine_switched)
 
     def engine_switched(self) -> None:
+        from lucedesk.tui.screens.models import ModelsScreen
+
         self.update_subtitle()
+        self.store.set_setting(MODEL_SETTING, self.host.model_name)
+        if isinstance(self.screen, ModelsScreen):  # picked there: back to the chats
+            self.pop_screen()
         self.notify(
             f"Engine running {self.host.built.loaded.name} with profile {self.host.profile.name}."
         )

@@ -1,19 +1,54 @@
-"""The TUI's engine and in-process HTTP server: started, switched to another profile, stopped.
-Blocking methods here run on a worker thread, never on the event loop."""
+"""The TUI's engine and in-process HTTP server: started, switched to another profile or
+model, stopped. Blocking methods here run on a worker thread, never on the event loop."""
 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from lucedesk import profile as profiles
-from lucedesk.engine import BuiltEngine, Engine, check_device, kernel_build_notice, launch_engine
-from lucedesk.errors import LucedeskError
+from lucedesk.catalog.resolve import Resolved, resolve
+from lucedesk.catalog.settings import chat_template
+from lucedesk.catalog.summary import summarize_path
+from lucedesk.engine import (
+    BuiltEngine,
+    Engine,
+    Fit,
+    QueueFullError,
+    check_device,
+    kernel_build_notice,
+    kv_bytes_per_token,
+    launch_engine,
+)
+from lucedesk.errors import ConfigError, LucedeskError
 from lucedesk.server import RunningServer, create_app, start_server
 
 log = logging.getLogger(__name__)
+Say = Callable[[str], None]
+
+
+def transfer_line(say: Say, every: float = 0.5) -> Callable[[str, int, int], None]:
+    """A download's progress as one line said at most every `every` seconds."""
+    from lucedesk.catalog.quants import human_size
+
+    last = [0.0]
+
+    def transferred(path: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - last[0] < every and done < total:
+            return
+        last[0] = now
+        name = path.rpartition("/")[2]
+        say(
+            f"downloading {name}: {human_size(done)} of {human_size(total)} "
+            f"({done * 100 // max(total, 1)}%)"
+        )
+
+    return transferred
 
 
 class EngineHost:
@@ -25,12 +60,16 @@ class EngineHost:
         http: bool = True,
         host: str = "127.0.0.1",
         port: int = 8642,
+        chat_template_file: str | None = None,
+        remembered: str | None = None,
     ) -> None:
-        self.model_arg = model
+        self.model_arg = model  # --model; without it, the model last used (`remembered`)
+        self.remembered = remembered
+        self.chat_template_file = chat_template_file
         self.profile_name = profile_name
         self.overrides = overrides
         self.http, self.host, self.port = http, host, port
-        self.model_path: Path | None = None
+        self.model: Resolved | None = None
         self.built: BuiltEngine | None = None
         self.profile: profiles.Profile | None = None
         self.config = None
@@ -40,22 +79,40 @@ class EngineHost:
 
     @property
     def engine(self) -> Engine:
-        assert self.built is not None, "the engine is not started yet"
+        """The running engine; while one loads (start, a switch), requests are refused as a
+        full queue is (HTTP 503: try again)."""
+        if self.built is None:
+            raise QueueFullError("the engine is loading a model; try again in a moment")
         return self.built.engine
+
+    @property
+    def model_path(self) -> Path | None:
+        return self.model.path if self.model else None
+
+    @property
+    def model_name(self) -> str:
+        """What the running model is called, as --model and /model take it."""
+        if self.model is None:
+            return ""
+        return self.model.name or str(self.model.path)
 
     @property
     def url(self) -> str | None:
         return self.server.url if self.server else None
 
-    def start(self, progress: Callable[[str], None]) -> None:
-        from lucedesk.pull import resolve_model
+    def _template(self, model: Resolved) -> str | None:
+        return chat_template(model.name or str(model.path), self.chat_template_file)
 
+    def start(self, progress: Say) -> None:
         self.profile, self.config, self.why = profiles.resolve(self.profile_name, self.overrides)
         progress(f"profile {self.profile.name}: {self.why}")
-        self.model_path = resolve_model(self.model_arg, progress)
+        self.model = self._first_model(progress)
+        template = self._template(self.model)
         notice = kernel_build_notice(self.config)  # built while the model loads
-        progress(f"loading {self.model_path.name}" + (f"; {notice}" if notice else ""))
-        self.built = launch_engine(self.model_path, self.config, progress)
+        progress(f"loading {self.model_name}" + (f"; {notice}" if notice else ""))
+        self.built = launch_engine(
+            self.model.path, self.config, progress, self.model.name, template
+        )
         if self.http:
             progress(f"starting HTTP on {self.host}:{self.port}")
             try:
@@ -64,46 +121,90 @@ class EngineHost:
                 self.http_error = str(exc)
                 log.warning("HTTP server not started: %s", exc)
 
+    def _first_model(self, progress: Say) -> Resolved:
+        """--model, else the model last used, else the default; a remembered one that is gone
+        gives way to the default, saying so."""
+        fit = Fit.now(self.config)
+        if self.model_arg is not None or self.remembered is None:
+            return resolve(self.model_arg, progress, fit, transfer_line(progress))
+        try:
+            return resolve(self.remembered, progress, fit, transfer_line(progress))
+        except LucedeskError as exc:
+            progress(f"the model last used is not available ({exc}); starting the default")
+            return resolve(None, progress, fit, transfer_line(progress))
+
+    def given_back(self) -> int:
+        """About what the running engine holds: its KV pool and its weights."""
+        built = self.built
+        if built is None or self.model is None:
+            return 0
+        pool = built.pool_tokens * kv_bytes_per_token(
+            built.loaded.config, built.dtype, self.config.kv_dtype
+        )
+        return pool + Fit.now(self.config).need(summarize_path(self.model.path)).weights
+
     def switch(
         self,
         profile_name: str,
         drain: bool,
-        progress: Callable[[str], None],
+        progress: Say,
         model: str | None = None,
     ) -> None:
-        """Rebuild the engine with another profile (or model): running requests finish
-        (drain) or end cancelled, then the model is loaded under the new settings. What can
-        be checked first is (the profile, the device, the model file): such a switch fails
-        with the engine untouched. One that fails while loading brings the old settings
-        back with the KV pool it had, and says so."""
+        """Rebuild the engine with another profile (or model: any name `resolve` takes,
+        fetched first where it is not here): running requests finish (drain) or end
+        cancelled, then the model is loaded under the new settings. What can be checked
+        first is (the profile, the device, the model's files and whether it fits): such a
+        switch fails with the engine untouched. One that fails while loading brings the old
+        settings back with the KV pool it had, and says so."""
         chosen, config, why = profiles.resolve(profile_name, self.overrides)
         check_device(config)
-        new_path = self.model_path
+        fit = Fit.now(config, self.given_back())
+        target = self.model
         if model is not None:
-            from lucedesk.engine import read_model_config
-
-            read_model_config(model)  # a bad path or file fails here, before anything stops
-            new_path = Path(model).expanduser()
-        old = self.built
+            target = resolve(model, progress, fit, transfer_line(progress))
+        assert target is not None
+        problem = fit.why_not(summarize_path(target.path))
+        if problem is not None:
+            raise ConfigError(f"{target.name or target.path.name}: {problem}")
+        template = self._template(target)
+        old_pool = self.built.pool_tokens if self.built is not None else self.config.kv_pool_tokens
         progress("finishing running requests" if drain else "cancelling running requests")
-        if old is not None:
-            old.engine.shutdown(drain=drain, timeout=60)
-        progress(f"loading {new_path.name} with profile {chosen.name}")
+        self._release(drain)
+        progress(f"loading {target.name or target.path.name} with profile {chosen.name}")
         try:
-            self.built = launch_engine(new_path, config)
+            self.built = launch_engine(
+                target.path, config, name=target.name, chat_template=template
+            )
         except Exception as exc:
             log.exception("switch to profile %s failed", chosen.name)
             # the same pool as before: the memory the failed load left may differ
-            pool = old.pool_tokens if old is not None else self.config.kv_pool_tokens
+            gc.collect()
             self.built = launch_engine(
-                self.model_path, dataclasses.replace(self.config, kv_pool_tokens=pool)
+                self.model.path,
+                dataclasses.replace(self.config, kv_pool_tokens=old_pool),
+                name=self.model.name,
+                chat_template=self._template(self.model),
             )
             raise LucedeskError(
                 f"{exc}; the engine runs again with profile {self.profile.name} and "
-                f"{self.model_path.name}"
+                f"{self.model_name}"
             ) from None
-        self.model_path = new_path
+        self.model = target
         self.profile, self.profile_name, self.config, self.why = chosen, chosen.name, config, why
+
+    def _release(self, drain: bool) -> None:
+        """The running engine stopped and its memory given back before another loads."""
+        built, self.built = self.built, None
+        if built is None:
+            return
+        built.engine.shutdown(drain=drain, timeout=60)
+        device = built.device
+        del built
+        gc.collect()
+        if device.type == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
 
     def stop(self) -> None:
         if self.server is not None:

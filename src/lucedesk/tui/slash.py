@@ -104,7 +104,8 @@ async def backend(pane: ChatPane, rest: str) -> None:
 
 async def model(pane: ChatPane, rest: str) -> None:
     if not rest:
-        raise ValueError("give a .gguf file or a Hugging Face folder")
+        await pane.screen.run_action("models")  # the picker, as F7
+        return
     pane.app.switch_model(rest)
 
 
@@ -141,7 +142,13 @@ COMMANDS = [
     Command("undo", "", "bring back the reply Ctrl+R replaced", undo),
     Command("export", "", "write this session to Markdown", export),
     Command("backend", "<url|local>", "send this session to another server", backend),
-    Command("model", "<path>", "load another model (conversations stay)", model),
+    Command(
+        "model",
+        "[name]",
+        "load another model: a file, a name `lucedesk models` lists, ORG/REPO[:QUANT] "
+        "(conversations stay); alone: the picker",
+        model,
+    ),
     Command("help", "", "every key and command", help_),
 ]
 BY_NAME = {c.name: c for c in COMMANDS}

@@ -1,13 +1,12 @@
-"""Reading llama.cpp GGUF files: the header (metadata, tensor table), the model config, and
-each tensor's bytes from a memory map: dequantized weights under the shared names of
+"""Reading llama.cpp GGUF files (one, or the parts of a split model): the header (metadata,
+tensor table; catalog/gguf_header.py), the model config, and each tensor's bytes from a
+memory map: dequantized weights under the shared names of
 family.py, the 4-bit blocks of the dense projections, and each expert's slice of a mixture's
 3-D expert tensors. The block formats themselves are decoded in gguf_blocks.py."""
 
 from __future__ import annotations
 
-import math
 import mmap
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lucedesk.catalog.gguf_header import parse_header, split_parts
 from lucedesk.engine.models.config import ModelConfig
 from lucedesk.engine.models.families import BY_GGUF_ARCH
 from lucedesk.engine.models.family import Family
@@ -86,124 +86,69 @@ def hf_name(gguf_name: str, family: Family | None = None) -> str | None:
     return f"{prefix}{names[role]}.{kind}" if role in names else None
 
 
-_SCALARS = {
-    0: "<B",
-    1: "<b",
-    2: "<H",
-    3: "<h",
-    4: "<I",
-    5: "<i",
-    6: "<f",
-    7: "<?",
-    10: "<Q",
-    11: "<q",
-    12: "<d",
-}
-_STRING, _ARRAY = 8, 9
-
-
 @dataclass(slots=True, frozen=True)
 class TensorInfo:
     name: str
     shape: tuple[int, ...]  # PyTorch order: [rows, cols]
     type_name: str
     type_id: int
-    offset: int  # absolute offset of the data in the file
+    offset: int  # absolute offset of the data in its part's file
     nbytes: int
-
-
-class _Cursor:
-    """Sequential little-endian reads over the file's bytes."""
-
-    def __init__(self, buf: mmap.mmap, path: Path) -> None:
-        self.buf, self.pos, self.path = buf, 0, path
-
-    def take(self, fmt: str) -> Any:
-        size = struct.calcsize(fmt)
-        if self.pos + size > len(self.buf):
-            raise ModelLoadError(f"{self.path}: truncated GGUF header")
-        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
-        self.pos += size
-        return value
-
-    def string(self) -> str:
-        n = self.take("<Q")
-        if self.pos + n > len(self.buf):
-            raise ModelLoadError(f"{self.path}: truncated GGUF header")
-        raw = bytes(self.buf[self.pos : self.pos + n])
-        self.pos += n
-        return raw.decode("utf-8", errors="replace")
-
-    def value(self, kind: int) -> Any:
-        if kind in _SCALARS:
-            return self.take(_SCALARS[kind])
-        if kind == _STRING:
-            return self.string()
-        if kind == _ARRAY:
-            elem, count = self.take("<I"), self.take("<Q")
-            if elem in _SCALARS:  # read numeric arrays in one go
-                dtype = np.dtype(_SCALARS[elem])
-                end = self.pos + count * dtype.itemsize
-                if end > len(self.buf):
-                    raise ModelLoadError(f"{self.path}: truncated GGUF header")
-                arr = np.frombuffer(self.buf, dtype, count, self.pos)
-                self.pos = end
-                return arr.tolist()
-            return [self.value(elem) for _ in range(count)]
-        raise ModelLoadError(f"{self.path}: unknown GGUF value type {kind}")
+    part: int = 0  # which file of a split model holds it
 
 
 class GGUFFile:
-    """One GGUF file: metadata parsed at open, tensor data read from a memory map on demand."""
+    """One model in GGUF: a file, or the parts of a split one (gguf_header.py), each mapped
+    in place; metadata parsed at open, tensor data read from the maps on demand."""
 
     def __init__(self, path: Path) -> None:
-        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
         self.path = path
+        first = self._open(path)
+        header = parse_header(first, str(path))
+        self._maps = [first]
+        headers = [header]
+        count = header.split_count
+        if count > 1:
+            if header.split_no != 0:
+                raise ModelLoadError(
+                    f"{path}: is part {header.split_no + 1} of {count} of a split model; "
+                    "name its first part (-00001-of-...)"
+                )
+            for i, part in enumerate(split_parts(path, count)[1:], start=1):
+                if not part.exists():
+                    raise ModelLoadError(
+                        f"{part}: part {i + 1} of {count} of {path.name} is missing"
+                    )
+                buf = self._open(part)
+                more = parse_header(buf, str(part))
+                if more.split_no != i or more.split_count != count:
+                    raise ModelLoadError(
+                        f"{part}: says it is part {more.split_no + 1} of {more.split_count}, "
+                        f"not part {i + 1} of {count}"
+                    )
+                self._maps.append(buf)
+                headers.append(more)
+        self.metadata: dict[str, Any] = header.metadata
+        self.tensors: dict[str, TensorInfo] = {}
+        for part, h in enumerate(headers):
+            for t in h.tensors:
+                self.tensors[t.name] = TensorInfo(
+                    t.name, t.shape, t.type_name, t.type_id, h.data_start + t.offset, t.nbytes, part
+                )
+        expected = self.metadata.get("split.tensors.count")
+        if count > 1 and expected is not None and int(expected) != len(self.tensors):
+            raise ModelLoadError(
+                f"{path}: its {count} parts hold {len(self.tensors)} tensors, "
+                f"the model has {expected}"
+            )
+
+    @staticmethod
+    def _open(path: Path) -> mmap.mmap:
         try:
             with open(path, "rb") as f:
-                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except (OSError, ValueError) as exc:
             raise ModelLoadError(f"{path}: cannot be read ({exc})") from None
-        cur = _Cursor(self._map, path)
-        if len(self._map) < 24 or self._map[:4] != b"GGUF":
-            raise ModelLoadError(f"{path}: not a GGUF file (bad magic)")
-        cur.pos = 4
-        version = cur.take("<I")
-        if version not in (2, 3):
-            raise ModelLoadError(f"{path}: GGUF version {version} is not supported (2 or 3)")
-        num_tensors, num_kv = cur.take("<Q"), cur.take("<Q")
-        self.metadata: dict[str, Any] = {}
-        for _ in range(num_kv):
-            key = cur.string()
-            self.metadata[key] = cur.value(cur.take("<I"))
-        infos = []
-        for _ in range(num_tensors):
-            name = cur.string()
-            dims = [cur.take("<Q") for _ in range(cur.take("<I"))]
-            type_id, offset = cur.take("<I"), cur.take("<Q")
-            infos.append((name, dims, type_id, offset))
-        align = int(self.metadata.get("general.alignment", 32))
-        data_start = -(-cur.pos // align) * align
-        self.tensors: dict[str, TensorInfo] = {}
-        for name, dims, type_id, offset in infos:
-            try:
-                qtype = GGMLQuantizationType(type_id)
-            except ValueError:
-                raise ModelLoadError(
-                    f"{path}: tensor {name!r} has unknown type id {type_id}"
-                ) from None
-            block, type_size = GGML_QUANT_SIZES[qtype]
-            count = math.prod(dims)
-            nbytes = count // block * type_size
-            start = data_start + offset
-            if start + nbytes > len(self._map):
-                raise ModelLoadError(
-                    f"{path}: truncated: tensor {name!r} needs bytes up to {start + nbytes}, "
-                    f"the file has {len(self._map)}"
-                )
-            shape = tuple(int(d) for d in reversed(dims))
-            self.tensors[name] = TensorInfo(name, shape, qtype.name, type_id, start, nbytes)
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
@@ -285,7 +230,7 @@ class GGUFFile:
 
     def raw(self, t: TensorInfo) -> np.ndarray:
         """A tensor's bytes (its blocks), read from the memory map without a copy."""
-        return np.frombuffer(self._map, np.uint8, t.nbytes, t.offset)
+        return np.frombuffer(self._maps[t.part], np.uint8, t.nbytes, t.offset)
 
     def _dequantize(self, t: TensorInfo) -> torch.Tensor:
         if t.type_name not in SUPPORTED_TYPES:
@@ -321,7 +266,7 @@ class GGUFFile:
         """One expert's [rows, cols] part of a 3-D expert tensor."""
         per_expert = t.nbytes // t.shape[0]
         offset = t.offset + expert * per_expert
-        return TensorInfo(t.name, t.shape[1:], t.type_name, t.type_id, offset, per_expert)
+        return TensorInfo(t.name, t.shape[1:], t.type_name, t.type_id, offset, per_expert, t.part)
 
     def expert_levels(self, t: TensorInfo, expert: int) -> Levels:
         return block_levels(self.raw(self.expert_slice(t, expert)), t.type_name)

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import torch
 
+from lucedesk.catalog.gguf_header import SPLIT_NAME
 from lucedesk.engine.harmony import ENDS as HARMONY_ENDS
 from lucedesk.engine.harmony import MARKERS as HARMONY_MARKERS
 from lucedesk.engine.harmony import is_harmony
 from lucedesk.engine.models import tokenizer as tok
+from lucedesk.engine.models.chat import check_template
 from lucedesk.engine.models.config import ModelConfig
 from lucedesk.engine.models.decoder import DecoderModel
 from lucedesk.engine.models.expert_weights import GGUFExperts, materialize_dense
@@ -39,9 +41,15 @@ class LoadedModel:
 
 
 def load_model(
-    path: str | Path, dtype: torch.dtype = torch.float32, lazy_experts: bool = False
+    path: str | Path,
+    dtype: torch.dtype = torch.float32,
+    lazy_experts: bool = False,
+    name: str | None = None,
+    chat_template: str | None = None,
 ) -> LoadedModel:
-    """A `.gguf` file or a Hugging Face folder (config.json, *.safetensors, tokenizer.json).
+    """A `.gguf` file (a split model's first part) or a Hugging Face folder (config.json,
+    *.safetensors, tokenizer.json); `name` is what it is called (default: the file's own
+    name), `chat_template` the Jinja template its chats take instead of the file's.
 
     A GGUF mixture of experts keeps its expert weights in the file with `lazy_experts`
     until the engine picks their format (build.apply_weight_format); otherwise they are
@@ -53,17 +61,19 @@ def load_model(
     gguf = None
     if path.is_dir():
         config, weights, tokenizer = _read_hf_folder(path)
-        name = path.name
         quantization = _hf_dtype(path)
     elif path.suffix == ".gguf" or _has_gguf_magic(path):
         gguf = GGUFFile(path)
         config = gguf.model_config()
         tokenizer = tok.from_gguf(gguf)
         weights = gguf.weights(config)
-        name = path.stem
         quantization = _gguf_file_type(gguf.get("general.file_type"))
     else:
         raise ModelLoadError(f"{path}: neither a .gguf file nor a Hugging Face folder")
+    if chat_template is not None:
+        check_template(chat_template, "the chat template given")
+        tokenizer.chat_template = chat_template
+    name = name or name_of(path)
     _family_defaults(tokenizer, BY_NAME[config.architecture])
     model = DecoderModel(config, dtype)
     if gguf is not None:
@@ -76,6 +86,14 @@ def load_model(
     model.eval()
     seconds = time.perf_counter() - started
     return LoadedModel(model, tokenizer, config, path, name, seconds, quantization)
+
+
+def name_of(path: Path) -> str:
+    """A model's name from its path: the file's stem, a split model's without its part."""
+    if path.is_dir():
+        return path.name
+    match = SPLIT_NAME.match(path.name)
+    return match["prefix"] if match else path.stem
 
 
 def _family_defaults(tokenizer: tok.Tokenizer, family: Family) -> None:

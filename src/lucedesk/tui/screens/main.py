@@ -47,6 +47,7 @@ class MainScreen(Screen):
         Binding("ctrl+y", "copy_reply", "Copy reply", show=False, priority=True),
         Binding("ctrl+f", "fanout", "Fan out", priority=True),
         Binding("ctrl+e", "export", "Export", show=False, priority=True),
+        Binding("f7", "models", "Models", priority=True),
         Binding("f8", "profiles", "Profiles", priority=True),
         Binding("question_mark", "keys", "Keys", show=False),  # where no input takes it
     ]
@@ -361,6 +362,11 @@ class MainScreen(Screen):
                 self.app.notify(f"Fan-out: {exc}", severity="error")
 
         self.app.push_screen(FanoutDialog(), chosen)
+
+    def action_models(self) -> None:
+        from lucedesk.tui.screens.models import ModelsScreen
+
+        self.app.push_screen(ModelsScreen())
 
     def action_profiles(self) -> None:
         from lucedesk.tui.screens.profiles import ProfilesScreen

