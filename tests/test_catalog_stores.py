@@ -182,14 +182,14 @@ def test_the_estimate_counts_weights_as_held_kv_and_the_reserve():
         vocab_size=10_000,
         hidden_size=1000,
         tied_embeddings=True,
-        four_bit=True,
+        low_bit=True,
     )
     _, cpu, _ = profile.resolve("cpu", ["max_model_len=4096", "weights=q4"])
     need = estimate_memory(summary, cpu, torch.device("cpu"), torch.bfloat16)
     # the file's blocks less the embedding's share, the embedding in bf16, a 4-bit tied head
     assert need.weights == 600_000_000 - 6_000_000 + 20_000_000 + 5_625_000
     assert need.kv_tokens == 4096 and need.kv == 4096 * 2 * 10 * 2 * 64 * 2
-    assert need.reserve == 512 << 20
+    assert need.reserve == cpu.activation_reserve_mb << 20
     _, gpu, _ = profile.resolve("r9700")
     held = estimate_memory(summary, gpu, torch.device("cuda"), torch.bfloat16)
     assert held.weight_format == "dtype" and held.weights == 2_000_000_000

@@ -16,7 +16,7 @@ from lucedesk.catalog.stores import LocalModel, local_models
 from lucedesk.catalog.summary import ModelSummary, summarize_path
 from lucedesk.errors import LucedeskError
 
-SUMMARY_CACHE_VERSION = 1
+SUMMARY_CACHE_VERSION = 2
 
 
 @dataclass(slots=True, frozen=True)

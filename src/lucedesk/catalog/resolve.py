@@ -213,8 +213,11 @@ def _quant_fits(
         return None
 
     def quant_fits(q: Quant) -> bool:
-        four_bit = q.label.startswith(("Q4", "MXFP4"))
-        return fits(dataclasses.replace(base, size_bytes=q.size, quant=q.label, four_bit=four_bit))
+        low_bit = q.label.startswith(("Q4", "Q5_0", "Q5_1", "MXFP4"))
+        quant = dataclasses.replace(
+            base, size_bytes=q.size, quant=q.label, low_bit=low_bit, low_bit_bytes=0
+        )
+        return fits(quant)
 
     return quant_fits
 

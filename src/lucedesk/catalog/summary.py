@@ -14,8 +14,10 @@ from lucedesk.catalog.gguf_header import Header, read_header, split_parts
 from lucedesk.errors import ModelLoadError
 
 # GGUF tensor types whose blocks a 4-bit weight holds as they are (gguf_blocks.FOUR_BIT_TYPES,
-# and a mixture's MXFP4 experts).
+# and a mixture's MXFP4 experts); with the 5-bit ones, the types whose files the engine
+# holds as 4-bit weights (gguf_blocks.LOW_BIT_TYPES: 5-bit blocks at 8 bits).
 FOUR_BIT_TENSOR_TYPES = ("Q4_0", "Q4_1", "Q4_K", "MXFP4")
+LOW_BIT_TENSOR_TYPES = (*FOUR_BIT_TENSOR_TYPES, "Q5_0", "Q5_1")
 
 
 @dataclass(slots=True)
@@ -31,7 +33,10 @@ class ModelSummary:
     vocab_size: int
     hidden_size: int
     tied_embeddings: bool  # the LM head is the embedding table
-    four_bit: bool  # most of its matmul weights are stored in a 4-bit type
+    low_bit: bool  # its first layer's MLP is in a 4- or 5-bit type (the engine's q4 rule)
+    # Its matmul weights and LM head (a tied one too) as 4-bit weights hold them: 4-bit
+    # blocks as stored, others at 8 bits (1.125 bytes a weight); 0: no tensor table read.
+    low_bit_bytes: int = 0
     name: str = ""  # what the file calls the model (general.name), if anything
     chat_template: bool = True  # the file carries one
 
@@ -76,12 +81,27 @@ def summarize_gguf(header: Header, size_bytes: int, source: str) -> ModelSummary
     names = {t.name for t in header.tensors}
     vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens") or [])
     matmuls = [t for t in header.tensors if len(t.shape) >= 2 and t.name != "token_embd.weight"]
-    low = sum(t.nbytes for t in matmuls if t.type_name in FOUR_BIT_TENSOR_TYPES)
+
+    def as_low_bit(t) -> int:
+        return t.nbytes if t.type_name in FOUR_BIT_TENSOR_TYPES else t.numel * 9 // 8
+
+    held = sum(as_low_bit(t) for t in matmuls)
+    embedding = next((t for t in header.tensors if t.name == "token_embd.weight"), None)
+    if "output.weight" not in names and embedding is not None:
+        held += as_low_bit(embedding)  # the tied LM head, held from the embedding's blocks
+    first_mlp = next(
+        (
+            t
+            for t in header.tensors
+            if t.name in ("blk.0.ffn_gate.weight", "blk.0.ffn_gate_exps.weight")
+        ),
+        None,
+    )
     declared = int(meta.get("split.tensors.count", len(header.tensors)))
     params = sum(t.numel for t in header.tensors)
     if declared > len(header.tensors):  # a split model's first part: scale by its bytes
-        held = sum(t.nbytes for t in header.tensors) or 1
-        params = int(params * size_bytes / held)
+        share = size_bytes / (sum(t.nbytes for t in header.tensors) or 1)
+        params, held = int(params * share), int(held * share)
     return ModelSummary(
         architecture=arch,
         params=params,
@@ -94,7 +114,8 @@ def summarize_gguf(header: Header, size_bytes: int, source: str) -> ModelSummary
         vocab_size=int(vocab),
         hidden_size=hidden,
         tied_embeddings="output.weight" not in names,
-        four_bit=low * 2 > sum(t.nbytes for t in matmuls),
+        low_bit=first_mlp is not None and first_mlp.type_name in LOW_BIT_TENSOR_TYPES,
+        low_bit_bytes=held,
         name=str(meta.get("general.name") or ""),
         chat_template=bool(meta.get("tokenizer.chat_template")),
     )
@@ -154,7 +175,7 @@ def summarize_folder(folder: Path) -> ModelSummary:
             vocab_size=int(text["vocab_size"]),
             hidden_size=hidden,
             tied_embeddings=bool(raw.get("tie_word_embeddings", text.get("tie_word_embeddings"))),
-            four_bit=False,
+            low_bit=False,
             name=folder.name,
             chat_template=_folder_has_template(folder),
         )

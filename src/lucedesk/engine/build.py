@@ -20,6 +20,7 @@ from lucedesk.engine.memory import (
     check_fits,
     derive_pool_tokens,
     kv_bytes_per_token,
+    return_free_memory,
 )
 from lucedesk.engine.models.decoder import DecoderModel, Projection
 from lucedesk.engine.models.expert_weights import (
@@ -127,6 +128,7 @@ def launch_engine(
     def serve() -> None:
         try:
             built = build_engine(model_path, config, name, chat_template)
+            return_free_memory()
         except BaseException as exc:  # handed to the caller, who reports it
             ready.put(exc)
             return
