@@ -106,3 +106,38 @@ async def test_model_by_name_switches_and_a_bad_name_leaves_the_engine(
         assert app.host.built is built and built.engine.running
         await type_and_send(pilot, pane, "/model acme/tiny-llama")
         await wait_for(pilot, lambda: app.host.model_name == "acme/tiny-llama", 60)
+
+
+async def test_the_picker_pulls_a_repository_by_name_then_loads_it(
+    env, tmp_path, monkeypatch, tiny_llama
+):
+    from tests.fake_hub import FakeHub, FakeRepo
+
+    lm_studio(tmp_path, monkeypatch, tiny_llama)
+    types = {r: Q.Q8_0 for r in ("token_embd", "output", "attn_q", "attn_k", "attn_v")}
+    model = write_gguf(tmp_path / "made" / "tiny-Q8_0.gguf", types)
+    lines: list[str] = []
+    with FakeHub() as hub:
+        hub.add(FakeRepo("acme/tiny-GGUF", {"tiny-Q8_0.gguf": model.read_bytes()}))
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        app = make_app(env)
+        async with app.run_test(size=SIZE) as pilot:
+            await started(pilot)
+            await pilot.press("f7")
+            await wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen))
+            picker = app.screen
+            progress = picker.query_one("#progress")
+            shown = progress.update
+
+            def update(text):
+                lines.append(str(text))
+                return shown(text)
+
+            progress.update = update
+            picker.query_one("#name").value = "acme/tiny-GGUF:Q8_0"
+            await pilot.pause()
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: app.host.model_name == "acme/tiny-GGUF:Q8_0", 60)
+            await wait_for(pilot, lambda: isinstance(app.screen, MainScreen))
+    assert any(line.startswith("downloading tiny-Q8_0.gguf: ") for line in lines)
+    assert any("pulling acme/tiny-GGUF Q8_0" in line for line in lines)
