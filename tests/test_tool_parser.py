@@ -284,3 +284,60 @@ def test_only_offered_tools_are_calls():
     parser = ToolFormat("hermes").parser(frozenset({"get_weather"}))
     content, calls = parse_all(parser, hermes_call("other", {}))
     assert calls == [] and "other" in content
+
+
+def stream_through_guard(text: str, cut: int = 3):
+    """A hermes reply fed `cut` characters at a time through the repeat guard: what goes out,
+    the calls kept, and whether a repeat ended it."""
+    from lucedesk.engine.repeated_calls import RepeatedCalls
+
+    parser = ToolFormat("hermes").parser()
+    guard = RepeatedCalls(parser)
+    out = []
+    for i in range(0, len(text), cut):
+        out += guard.filter(parser.feed(text[i : i + cut]))
+        if guard.repeated:
+            break
+    else:
+        out += guard.filter(parser.finish(False))
+    return out, parser.calls, guard.repeated
+
+
+def call_block(name: str, args: str) -> str:
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call>\n'
+
+
+def test_a_repeated_call_is_dropped_and_ends_the_reply():
+    a, b = (
+        call_block("get_weather", '{"city": "Paris"}'),
+        call_block("get_weather", '{"city": "Par"}'),
+    )
+    for cut in (1, 3, 7, 50):
+        out, calls, repeated = stream_through_guard(a + b + a + b, cut)
+        assert [c.arguments for c in calls] == ['{"city": "Paris"}', '{"city": "Par"}']
+        assert repeated
+        streamed: dict[int, str] = {}
+        for d in out:
+            if isinstance(d, CallDelta):
+                streamed[d.index] = streamed.get(d.index, "") + d.arguments
+        assert streamed == {0: '{"city": "Paris"}', 1: '{"city": "Par"}'}
+        out, calls, repeated = stream_through_guard(a + b, cut)
+        assert len(calls) == 2 and not repeated
+    # spaced otherwise, the same arguments went out before they could be told apart: the
+    # call stays, and the reply still ends there
+    spaced = call_block("get_weather", '{"city":"Paris"}')
+    _, calls, repeated = stream_through_guard(a + spaced + b)
+    assert len(calls) == 2 and repeated
+
+
+def test_a_call_that_differs_streams_as_soon_as_it_does():
+    a = call_block("get_weather", '{"city": "Paris", "days": 3}')
+    b = call_block("get_weather", '{"city": "Rome", "days": 3}')
+    parser = ToolFormat("hermes").parser()
+    from lucedesk.engine.repeated_calls import RepeatedCalls
+
+    guard = RepeatedCalls(parser)
+    out = guard.filter(parser.feed(a))
+    assert any(isinstance(d, CallDelta) for d in out)  # the first call is never held
+    out = guard.filter(parser.feed(b[: b.index("Rome") + 1]))  # up to the R of Rome
+    assert "".join(d.arguments for d in out if isinstance(d, CallDelta)) == '{"city": "R'

@@ -121,7 +121,8 @@ class ChatEncoder:
             grammar = self.tool_format.grammar(
                 held if fmt is not None else [],
                 choice,
-                parallel_tool_calls,
+                # a named function is called once: a second call of it could only repeat it
+                parallel_tool_calls and choice.mode != "function",
                 text_schema,
                 self.single_token_markers,
             )

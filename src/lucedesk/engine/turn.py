@@ -23,13 +23,10 @@ from lucedesk.engine.grammar import Grammar
 from lucedesk.engine.handle import RequestHandle, TokenLogprob
 from lucedesk.engine.json_schema import check_value
 from lucedesk.engine.messages import ChatMessage, Tool, ToolCall, ToolChoice, chat_messages
+from lucedesk.engine.repeated_calls import RepeatedCalls
 from lucedesk.engine.request import FinishReason, SamplingParams
-from lucedesk.engine.tool_parser import (
-    CallDelta,
-    ReasoningDelta,
-    TextDelta,
-    overlap_with_start,
-)
+from lucedesk.engine.stops import FreeTextStops
+from lucedesk.engine.tool_parser import CallDelta, ReasoningDelta, TextDelta
 from lucedesk.errors import RequestError
 
 if TYPE_CHECKING:
@@ -233,11 +230,14 @@ class Turn:
         """The reply as it comes. Leaving the loop early (the client went away) cancels the
         request: its slot and blocks come back at the next engine step."""
         parser = self.parser
+        repeats = RepeatedCalls(parser) if parser is not None else None
         try:
             async for out in self.handle:
                 pieces = parser.feed(out.text) if parser is not None else []
                 if out.finished and parser is not None:
                     pieces += parser.finish(out.finish_reason is FinishReason.LENGTH)
+                if repeats is not None:
+                    pieces = repeats.filter(pieces)
                 if parser is None and out.text:
                     pieces = [TextDelta(out.text)]
                 logprobs = out.logprobs
@@ -272,6 +272,16 @@ class Turn:
                         yield ReasoningPiece(piece.text)
                     else:
                         yield piece
+                if repeats is not None and repeats.repeated:  # the reply ends at its calls
+                    self.finished = True
+                    self.cancel()
+                    yield TurnEnd(
+                        "tool_calls",
+                        out.num_prompt_tokens,
+                        out.num_output_tokens,
+                        num_cached_tokens=out.num_cached_tokens,
+                    )
+                    return
                 if not out.finished:
                     if logprobs:  # tokens that made no text yet (held back, or inside a call)
                         yield TextPiece("", logprobs)
@@ -376,24 +386,3 @@ class Turn:
         if self.parser is not None and self.parser.calls:
             return "tool_calls"
         return "stop"
-
-
-class FreeTextStops:
-    """Stop strings over a reply's free text, fed piece by piece: a tail that could grow
-    into a stop string is held back until the next piece says."""
-
-    def __init__(self, stops: tuple[str, ...]) -> None:
-        self.stops = stops
-        self.held = ""
-
-    def feed(self, text: str, final: bool = False) -> tuple[str, str | None]:
-        """(the text safe to hand out, the stop string found or None)."""
-        text, self.held = self.held + text, ""
-        hits = [(i, stop) for stop in self.stops if (i := text.find(stop)) >= 0]
-        if hits:
-            at, stop = min(hits)
-            return text[:at], stop
-        if not final:
-            keep = max(overlap_with_start(text, stop) for stop in self.stops)
-            text, self.held = text[: len(text) - keep], text[len(text) - keep :]
-        return text, None
