@@ -43,6 +43,27 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-prefix-cache", action="store_true", help="turn prefix caching off")
 
 
+def _access_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host name requests may carry besides localhost, 127.0.0.1 and ::1 (repeatable; "
+        "'*' allows any; e.g. host.docker.internal): a loopback server refuses others, so "
+        "web pages cannot drive it",
+    )
+    p.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a web page origin that may call the server besides this machine's (repeatable; "
+        "'*' patterns, e.g. https://*.example.org; '*' allows any): others get 403, and "
+        "CORS preflights are answered for these only",
+    )
+
+
 def _sampling_args(p: argparse.ArgumentParser, max_tokens: int = 256) -> None:
     g = p.add_argument_group("sampling")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -63,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-http", action="store_true", help="TUI: do not serve HTTP")
     parser.add_argument("--host", default="127.0.0.1", help="TUI: HTTP address")
     parser.add_argument("--port", type=int, default=8642, help="TUI: HTTP port")
+    _access_args(parser)
     parser.add_argument(
         "--workspace", default=".", help="TUI: the folder agents' tools work in (default: here)"
     )
@@ -157,14 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--api-key", default=None, help="require this bearer key (or set LUCEDESK_API_KEY)"
     )
-    serve.add_argument(
-        "--allow-host",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="a Host name requests may carry besides localhost, 127.0.0.1 and ::1 (repeatable; "
-        "'*' allows any): a loopback server refuses others, so web pages cannot drive it",
-    )
+    _access_args(serve)
     serve.add_argument(
         "--served-model-name",
         action="append",

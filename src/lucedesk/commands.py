@@ -306,20 +306,18 @@ def show_profiles(args: argparse.Namespace) -> int:
 def serve(args: argparse.Namespace) -> int:
     import os
 
-    from lucedesk.server import check_host, create_app
-    from lucedesk.server.app import LOOPBACK_HOSTS
-    from lucedesk.server.run import is_loopback, serve_forever
+    from lucedesk.server import allowed_hosts_for, check_host, create_app
+    from lucedesk.server.run import serve_forever
 
     api_key = args.api_key or os.environ.get("LUCEDESK_API_KEY") or None
     check_host(args.host, api_key)
-    # A loopback server answers to its own names (and those allowed); one other machines
-    # reach is known by whatever name they use, and needs a key.
-    hosts = None
-    if is_loopback(args.host) and "*" not in args.allow_host:
-        hosts = (*LOOPBACK_HOSTS, args.host.strip("[]"), *args.allow_host)
     built = build_from_args(args)
     app = create_app(
-        built.engine, model_name=args.served_model_name, api_key=api_key, allowed_hosts=hosts
+        built.engine,
+        model_name=args.served_model_name,
+        api_key=api_key,
+        allowed_hosts=allowed_hosts_for(args.host, args.allow_host),
+        allowed_origins=args.allow_origin,
     )
     host = f"[{args.host}]" if ":" in args.host else args.host
     say(f"lucedesk: serving {built.loaded.name} at http://{host}:{args.port}/v1")
@@ -346,6 +344,8 @@ def tui(args: argparse.Namespace) -> int:
         http=not args.no_http,
         host=args.host,
         port=args.port,
+        allowed_hosts=args.allow_host,
+        allowed_origins=args.allow_origin,
         chat_template_file=args.chat_template,
         remembered=store.setting(MODEL_SETTING, None),
     )

@@ -29,6 +29,7 @@ GrammarKind = Literal["json_schema", "regex", "lark"]
 # JSON as models are trained to write it (json.dumps' separators) and no free whitespace:
 # flexible whitespace lets a small model pad a value with newlines until max_tokens.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+PROBE_WALKS, PROBE_STEPS = 3, 16  # GrammarCompiler._probe
 
 
 @dataclass(slots=True, frozen=True)
@@ -119,6 +120,8 @@ class GrammarCompiler:
                 return self._checked[key]
         compiled = grammar.to_llguidance()
         message = llguidance.LLMatcher.validate_grammar(compiled, self.ll_tokenizer)
+        if not message or message.startswith("WARNING"):
+            message = self._probe(compiled)
         if message and not message.startswith("WARNING"):
             raise RequestError(
                 f"{grammar.field}: cannot be compiled ({short_error(message)})", grammar.field
@@ -128,6 +131,29 @@ class GrammarCompiler:
             if len(self._checked) > 256:
                 self._checked.popitem(last=False)
         return compiled
+
+    def _probe(self, compiled: str) -> str | None:
+        """The library's error on a few short random walks through the grammar, or None.
+        Some grammars validate yet fail at their first tokens (a schema whose every value
+        must nest without end: its parser runs out of room): they are refused with the
+        request, not found out mid-reply. A few milliseconds, once per grammar."""
+        import llguidance
+        import numpy as np
+
+        rng = np.random.default_rng(0)
+        for _ in range(PROBE_WALKS):
+            matcher = llguidance.LLMatcher(self.ll_tokenizer, compiled, log_level=0)
+            for _ in range(PROBE_STEPS):
+                mask = np.frombuffer(matcher.compute_bitmask(), np.uint8)
+                if matcher.is_error():
+                    return matcher.get_error()
+                allowed = np.flatnonzero(np.unpackbits(mask, bitorder="little")[: self.vocab_size])
+                if matcher.is_stopped() or not len(allowed):
+                    break
+                matcher.consume_token(int(rng.choice(allowed)))
+                if matcher.is_error():
+                    return matcher.get_error()
+        return None
 
     def matcher(self, grammar: Grammar) -> llguidance.LLMatcher:
         """A matcher at the start of `grammar`, for one request."""
@@ -164,8 +190,8 @@ class GrammarCompiler:
 
 
 def short_error(message: str, limit: int = 200) -> str:
-    """The grammar library's message without its state dump: its meaningful lines, joined,
-    at most `limit` characters."""
-    lines = [line.strip() for line in message.strip().splitlines()]
+    """The grammar library's message without its state dump (from `<state>` on): its
+    meaningful lines, joined, at most `limit` characters."""
+    lines = [line.strip() for line in message.split("<state>")[0].strip().splitlines()]
     text = " ".join(line for line in lines if line and set(line) != {"^"})
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,6 +1,6 @@
 """OpenAI-compatible HTTP on the shared engine."""
 
 from lucedesk.server.app import create_app
-from lucedesk.server.run import RunningServer, check_host, start_server
+from lucedesk.server.run import RunningServer, allowed_hosts_for, check_host, start_server
 
-__all__ = ["RunningServer", "check_host", "create_app", "start_server"]
+__all__ = ["RunningServer", "allowed_hosts_for", "check_host", "create_app", "start_server"]

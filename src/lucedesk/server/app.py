@@ -5,8 +5,10 @@ error handlers, which answer in each route's own protocol's shape."""
 
 from __future__ import annotations
 
+import fnmatch
 import hmac
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 
@@ -30,13 +32,23 @@ DEFAULT_BODY_LIMIT = 4 << 20  # 4 MiB: a ~1M-character prompt, far beyond any co
 
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+# Pages served from this machine (a local web UI on any port) may call the server.
+LOOPBACK_ORIGIN = re.compile(r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:\d{1,5})?$", re.I)
+# A Host header: a DNS name or an IPv4 address, or an IPv6 one in brackets; then a port.
+HOST_HEADER = re.compile(r"^(?:\[(?P<v6>[0-9a-f:.]+)\]|(?P<name>[a-z0-9._-]+))(?::\d{1,5})?$", re.I)
+CORS_METHODS = "GET, POST, DELETE, OPTIONS"
 
 
 class Gate:
     """ASGI middleware in front of every route, before a body is read:
 
     - the Host header must name an allowed host (a loopback server answers only to its own
-      names, so a web page that rebinds a domain to 127.0.0.1 cannot drive it): else 403;
+      names, so a web page that rebinds a domain to 127.0.0.1 cannot drive it), and be a
+      well-formed one (`localhost:8642@evil.example` is not): else 403;
+    - a request a browser sends from a web page carries its page's Origin: one not on this
+      machine (nor allowed: `--allow-origin`) is refused, 403, on every route, so a page
+      cannot drive the server with a "simple" request a browser sends unasked; an allowed
+      origin's CORS preflight is answered (204) and its responses carry its CORS headers;
     - with an API key, every route but /health (the OpenAPI document included) needs it:
       `Authorization: Bearer KEY` or `x-api-key: KEY`: else 401;
     - a body over `limit` bytes is a 413, counted as it arrives (a Content-Length can be
@@ -46,24 +58,53 @@ class Gate:
     Each refusal in the route's protocol's shape."""
 
     def __init__(
-        self, app, limit: int, api_key: str | None, allowed_hosts: frozenset[str] | None
+        self,
+        app,
+        limit: int,
+        api_key: str | None,
+        allowed_hosts: frozenset[str] | None,
+        allowed_origins: tuple[str, ...] = (),
     ) -> None:
         self.app, self.limit, self.api_key, self.allowed_hosts = app, limit, api_key, allowed_hosts
+        self.allowed_origins = tuple(o.lower().rstrip("/") for o in allowed_origins)
+
+    def origin_allowed(self, origin: str) -> bool:
+        """A page on this machine, or one `--allow-origin` names (`*` patterns match)."""
+        if LOOPBACK_ORIGIN.match(origin):
+            return True
+        origin = origin.lower().rstrip("/")
+        return any(fnmatch.fnmatchcase(origin, allowed) for allowed in self.allowed_origins)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
         path = scope["path"]
-        host = host_name(headers.get(b"host", b"").decode("latin-1"))
+        raw_host = headers.get(b"host", b"").decode("latin-1")
+        host = host_name(raw_host)
         if self.allowed_hosts is not None and host not in self.allowed_hosts:
+            said = host if host is not None else f"{raw_host!r}, not a well-formed Host,"
             error = APIError(
                 403,
-                f"host {host!r} is not allowed: this server answers to "
+                f"host {said!r} is not allowed: this server answers to "
                 f"{', '.join(sorted(self.allowed_hosts))} (lucedesk serve --allow-host NAME)",
                 kind="permission_error",
             )
             return await self._refuse(send, path, error)
+        origin = headers.get(b"origin")
+        if origin is not None:
+            origin_text = origin.decode("latin-1").strip()
+            if not self.origin_allowed(origin_text):
+                error = APIError(
+                    403,
+                    f"origin {origin_text!r} is not allowed: web pages from other sites cannot "
+                    "call this server (lucedesk serve --allow-origin URL)",
+                    kind="permission_error",
+                )
+                return await self._refuse(send, path, error)
+            if scope["method"] == "OPTIONS" and b"access-control-request-method" in headers:
+                return await self._preflight(send, origin, headers)
+            send = self._with_cors(send, origin)
         if self.api_key is not None and path != "/health" and not self._has_key(scope):
             error = APIError(401, "missing or invalid API key", kind="authentication_error")
             return await self._refuse(send, path, error)
@@ -114,6 +155,36 @@ class Gate:
         key = self.api_key.encode()
         return any(hmac.compare_digest(k.encode("latin-1"), key) for k in offered)
 
+    @staticmethod
+    async def _preflight(send, origin: bytes, headers: dict) -> None:
+        asked = headers.get(b"access-control-request-headers", b"*")
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 204,
+                "headers": [
+                    (b"access-control-allow-origin", origin),
+                    (b"access-control-allow-methods", CORS_METHODS.encode()),
+                    (b"access-control-allow-headers", asked),
+                    (b"access-control-max-age", b"600"),
+                    (b"vary", b"Origin"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": b""})
+
+    @staticmethod
+    def _with_cors(send, origin: bytes):
+        """`send` with an allowed origin's CORS headers on the response."""
+
+        async def sending(message):
+            if message["type"] == "http.response.start":
+                extra = [(b"access-control-allow-origin", origin), (b"vary", b"Origin")]
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await send(message)
+
+        return sending
+
     def _too_large(self) -> APIError:
         return APIError(413, f"request body larger than {self.limit} bytes")
 
@@ -129,12 +200,13 @@ class Gate:
         await send({"type": "http.response.body", "body": body})
 
 
-def host_name(header: str) -> str:
-    """The name in a Host header: port and IPv6 brackets off, lower case."""
-    header = header.strip().lower()
-    if header.startswith("["):
-        return header[1 : header.find("]")] if "]" in header else header[1:]
-    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+def host_name(header: str) -> str | None:
+    """The name in a Host header, port and IPv6 brackets off, lower case; None where the
+    header is not a well-formed host[:port]."""
+    match = HOST_HEADER.match(header.strip())
+    if match is None:
+        return None
+    return (match["v6"] or match["name"]).lower()
 
 
 def create_app(
@@ -143,30 +215,28 @@ def create_app(
     model_name: str | Sequence[str] | None = None,
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_BODY_LIMIT,
-    cors_origins: tuple[str, ...] = (),
+    allowed_origins: Sequence[str] = (),
     allowed_hosts: Sequence[str] | None = LOOPBACK_HOSTS,
 ) -> FastAPI:
     """`engine` may be a callable returning the current engine, for hosts (the TUI) that
     rebuild it while the app lives. `model_name` is one alias or several: the model answers
     to each, to its own id and to `default`; the first is the id clients are shown.
     `allowed_hosts`: the Host names requests may carry (None: any, for a server other
-    machines reach, which needs a key anyway)."""
+    machines reach, which needs a key anyway). `allowed_origins`: web pages' origins that
+    may call it besides this machine's (`*` patterns; `*` alone: any)."""
     current = engine if callable(engine) and not isinstance(engine, Engine) else (lambda: engine)
     aliases = (model_name,) if isinstance(model_name, str) else tuple(model_name or ())
     served = Served(current, aliases)
     app = FastAPI(title="lucedesk", version="1", docs_url=None, redoc_url=None)
     errors.install(app)
     hosts = None if allowed_hosts is None else frozenset(h.lower() for h in allowed_hosts)
-    app.add_middleware(Gate, limit=max_body_bytes, api_key=api_key, allowed_hosts=hosts)
-    if cors_origins:
-        from fastapi.middleware.cors import CORSMiddleware
-
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=list(cors_origins),
-            allow_methods=["GET", "POST"],
-            allow_headers=["*"],
-        )
+    app.add_middleware(
+        Gate,
+        limit=max_body_bytes,
+        api_key=api_key,
+        allowed_hosts=hosts,
+        allowed_origins=tuple(allowed_origins),
+    )
 
     @app.get("/health")
     async def health() -> dict:

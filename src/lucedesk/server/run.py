@@ -6,6 +6,7 @@ import ipaddress
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import uvicorn
@@ -21,6 +22,16 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def allowed_hosts_for(host: str, extra: Sequence[str] = ()) -> tuple[str, ...] | None:
+    """The Host names a server bound to `host` answers to: a loopback one to its own names
+    and those `extra` allows ('*': any); one other machines reach (with a key) to any."""
+    from lucedesk.server.app import LOOPBACK_HOSTS
+
+    if not is_loopback(host) or "*" in extra:
+        return None
+    return (*LOOPBACK_HOSTS, host.strip("[]"), *extra)
 
 
 def check_host(host: str, api_key: str | None) -> None:

@@ -25,7 +25,7 @@ from lucedesk.engine import (
     launch_engine,
 )
 from lucedesk.errors import ConfigError, LucedeskError
-from lucedesk.server import RunningServer, create_app, start_server
+from lucedesk.server import RunningServer, allowed_hosts_for, create_app, start_server
 
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]
@@ -60,6 +60,8 @@ class EngineHost:
         http: bool = True,
         host: str = "127.0.0.1",
         port: int = 8642,
+        allowed_hosts: list[str] | None = None,
+        allowed_origins: list[str] | None = None,
         chat_template_file: str | None = None,
         remembered: str | None = None,
     ) -> None:
@@ -69,6 +71,8 @@ class EngineHost:
         self.profile_name = profile_name
         self.overrides = overrides
         self.http, self.host, self.port = http, host, port
+        self.allowed_hosts = allowed_hosts_for(host, allowed_hosts or [])
+        self.allowed_origins = allowed_origins or []
         self.model: Resolved | None = None
         self.built: BuiltEngine | None = None
         self.profile: profiles.Profile | None = None
@@ -116,7 +120,12 @@ class EngineHost:
         if self.http:
             progress(f"starting HTTP on {self.host}:{self.port}")
             try:
-                self.server = start_server(create_app(lambda: self.engine), self.host, self.port)
+                app = create_app(
+                    lambda: self.engine,
+                    allowed_hosts=self.allowed_hosts,
+                    allowed_origins=self.allowed_origins,
+                )
+                self.server = start_server(app, self.host, self.port)
             except Exception as exc:  # the TUI works without HTTP; say why it is off
                 self.http_error = str(exc)
                 log.warning("HTTP server not started: %s", exc)
