@@ -69,6 +69,8 @@ class FakeHub:
         self.repos: dict[str, FakeRepo] = {}
         self.seen: list[Seen] = []
         self.cut: dict[str, tuple[int, bool]] = {}  # path in a repo -> (bytes, every time)
+        self.fail: dict[str, list[int]] = {}  # path -> statuses to answer before serving it
+        self.ignore_range: set[str] = set()  # paths served whole whatever Range asks
         self._server: ThreadingHTTPServer | None = None
 
     def add(self, repo: FakeRepo) -> FakeRepo:
@@ -197,9 +199,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def serve_bytes(self, repo: FakeRepo, path: str, head: bool, extra=None) -> None:
         data = repo.files[path]
+        failing = self.hub.fail.get(path)
+        if failing and not head:
+            return self.error(failing.pop(0), "Busy", "try again later", head)
         headers = {"Accept-Ranges": "bytes", **(extra or {})}
         start, code = 0, 200
         asked = self.headers.get("Range")
+        if path in self.hub.ignore_range:
+            asked = None
         if asked and (m := re.match(r"bytes=(\d+)-(\d*)", asked)):
             start = int(m[1])
             end = int(m[2]) if m[2] else len(data) - 1

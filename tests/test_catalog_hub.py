@@ -81,9 +81,25 @@ def test_names_of_every_syntax_are_read():
     assert hub_name("acme/tiny-GGUF/Q6_K/x-00001-of-00003.gguf") == HubName(
         REPO, file="Q6_K/x-00001-of-00003.gguf"
     )
+    assert hub_name("https://huggingface.co/acme/tiny-GGUF/blob/main/tiny-Q8_0.gguf") == HubName(
+        REPO, file="tiny-Q8_0.gguf"
+    )
+    assert hub_name("hf.co/acme/tiny-GGUF/resolve/main/Q6_K/x.gguf") == HubName(
+        REPO, file="Q6_K/x.gguf"
+    )
     assert hub_name("qwen3:30b") is None  # Ollama's, not a repository
     assert hub_name("models/local.gguf") is None  # a path
     assert hub_name("/abs/path") is None
+
+
+def test_a_missing_file_in_a_folder_here_is_a_path_not_a_repository(tmp_path, monkeypatch):
+    from lucedesk.errors import ModelLoadError
+
+    (tmp_path / "models" / "qwen").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert hub_name("models/qwen/x.gguf") is None
+    with pytest.raises(ModelLoadError, match="no such file or folder"):
+        resolve("models/qwen/x.gguf", say)
 
 
 def test_pull_by_each_syntax_into_the_hubs_cache(fake_hub, gguf_files):
@@ -255,3 +271,41 @@ def test_the_command_line_pulls_runs_and_explains(fake_hub, tmp_path):
     assert missing.returncode == 2
     assert "no quant IQ2_XS; it has Q4_K_M" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+def test_busy_answers_are_asked_again_and_a_whole_answer_to_a_range_restarts(
+    fake_hub, gguf_files, monkeypatch
+):
+    monkeypatch.setattr(download.time, "sleep", lambda s: None)
+    fake_hub.fail["tiny-Q8_0.gguf"] = [503, 429]
+    model = pull_hub(hub_name("acme/tiny-GGUF:Q8_0"), say)
+    assert model.path.read_bytes() == gguf_files["tiny-Q8_0.gguf"]
+    # A server that ignores Range answers the whole file: written from its start again.
+    data = gguf_files["tiny-F16.gguf"]
+    fake_hub.cut_after("tiny-F16.gguf", len(data) // 2)
+    fake_hub.ignore_range.add("tiny-F16.gguf")
+    model = pull_hub(hub_name("acme/tiny-GGUF:F16"), say)
+    assert model.path.read_bytes() == data
+    assert [s.range for s in fake_hub.gets("/cdn/acme/tiny-GGUF/tiny-F16")][-1] is not None
+
+
+@pytest.mark.parametrize(
+    "path, label",
+    [
+        ("Qwen3-30B-A3B-UD-Q4_K_XL.gguf", "UD-Q4_K_XL"),
+        ("Qwen_Qwen3-30B-A3B-Q4_K_M.gguf", "Q4_K_M"),
+        ("Qwen_Qwen3-30B-A3B-Q8_0/Qwen_Qwen3-30B-A3B-Q8_0-00001-of-00002.gguf", "Q8_0"),
+        ("gpt-oss-20b-mxfp4.gguf", "MXFP4"),
+        ("llama-2-7b.Q4_K_M.gguf", "Q4_K_M"),
+        ("SmolLM2-135M-Instruct.Q4_1.gguf", "Q4_1"),
+        ("BF16/Qwen3-30B-A3B-BF16-00001-of-00002.gguf", "BF16"),
+        ("gemma-3-27b-it-IQ4_XS.gguf", "IQ4_XS"),
+        ("Qwen2.5-7B-Instruct-q5_k_m.gguf", "Q5_K_M"),
+        ("model.gguf", None),
+    ],
+)
+def test_quant_labels_are_read_off_real_file_names(path, label):
+    from lucedesk.catalog.quants import quant_label, quants_of
+
+    assert quant_label(path) == label
+    assert not quants_of([("mmproj-F16.gguf", 1), ("imatrix.gguf", 1), ("x.imatrix", 1)])

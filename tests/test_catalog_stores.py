@@ -76,6 +76,7 @@ def stores(tmp_path, monkeypatch):
     digest = ollama_blob(ollama, model)
     ollama_manifest(ollama, "registry.ollama.ai", "library", "tiny", "latest", digest)
     ollama_manifest(ollama, "hf.co", "acme", "tiny-GGUF", "Q8_0", digest)
+    ollama_manifest(ollama, "registry.ollama.ai", "someone", "tiny", "small", digest)
     studio = home / ".lmstudio" / "models" / "acme" / "tiny-GGUF"
     studio.mkdir(parents=True)
     shutil.copyfile(model, studio / "tiny-Q8_0.gguf")
@@ -83,6 +84,10 @@ def stores(tmp_path, monkeypatch):
     other = home / ".lmstudio" / "models" / "acme" / "odd-GGUF"
     other.mkdir(parents=True)
     tiny_gguf(other / "odd-Q8_0.gguf", arch="mamba")
+    split = home / ".lmstudio" / "models" / "acme" / "split-GGUF" / "Q8_0"
+    split.mkdir(parents=True)
+    roles = (*ROLES, "ffn_gate", "ffn_up", "ffn_down")
+    write_gguf(split / "split-Q8_0.gguf", {r: Q.Q8_0 for r in roles}, seed=2, split_max_tensors=8)
     snapshot = tmp_path / "hf" / "hub" / "models--acme--tiny-GGUF" / "snapshots" / COMMIT
     snapshot.mkdir(parents=True)
     shutil.copyfile(model, snapshot / "tiny-Q8_0.gguf")
@@ -96,7 +101,9 @@ def stores(tmp_path, monkeypatch):
 
 NAMES = {
     "tiny:latest": "ollama",
+    "someone/tiny:small": "ollama",
     "hf.co/acme/tiny-GGUF:Q8_0": "ollama",
+    "acme/split-GGUF/Q8_0/split-Q8_0-00001-of-00003.gguf": "lmstudio",
     "acme/tiny-GGUF/tiny-Q8_0.gguf": "lmstudio",
     "acme/tiny-GGUF:Q8_0": "huggingface",
     "acme/odd-GGUF/odd-Q8_0.gguf": "lmstudio",
@@ -122,6 +129,11 @@ def test_models_json_lists_every_store_with_what_fits(stores):
     assert tiny["fits"] is True
     assert listed["acme/odd-GGUF/odd-Q8_0.gguf"]["fits"] is False
     assert "architecture 'mamba'" in listed["acme/odd-GGUF/odd-Q8_0.gguf"]["problem"]
+    split = listed["acme/split-GGUF/Q8_0/split-Q8_0-00001-of-00003.gguf"]
+    assert split["fits"] is True and split["quant"] == "Q8_0"
+    parts = Path(split["path"]).parent.glob("split-Q8_0-0000*-of-00003.gguf")
+    assert split["size_bytes"] == sum(p.stat().st_size for p in parts)
+    assert split["parameters"] == tiny["parameters"]  # every part's tensors counted
 
 
 def test_every_listed_name_resolves_to_its_file(stores):
@@ -234,11 +246,34 @@ def test_a_summary_reads_a_split_models_every_part(tmp_path):
     assert split.num_layers == single.num_layers and split.context == single.context
 
 
-def test_shutdown_waits_for_the_vocabulary_warm_up(stores):
+def test_shutdown_waits_for_the_vocabulary_warm_up(stores, monkeypatch):
     """A process that exited while llguidance built its vocabulary on the warm-up thread
     could crash in native code (`lucedesk run` exited with SIGSEGV on short runs)."""
+    import time
+
+    from lucedesk.engine.grammar import GrammarCompiler
+
+    built_vocabulary = GrammarCompiler.ll_tokenizer.fget
+
+    def slow(self):  # a large vocabulary's build, still under way at shutdown
+        time.sleep(1.0)
+        return built_vocabulary(self)
+
+    monkeypatch.setattr(GrammarCompiler, "ll_tokenizer", property(slow))
     _, config, _ = profile.resolve("cpu", ["kv_pool_tokens=256", "max_slots=2"])
     found = resolve("tiny", print)
     built = launch_engine(found.path, config, name=found.name)
+    assert built.engine._warming.is_alive()
     built.engine.shutdown()
-    assert built.engine._warming is not None and not built.engine._warming.is_alive()
+    assert not built.engine._warming.is_alive()
+
+
+def test_an_f32_file_and_a_file_of_unread_types_are_judged_by_their_tensors(tmp_path):
+    f32 = write_gguf(tmp_path / "f.gguf", {}, seed=4)
+    summary = summarize_path(f32)
+    summary.quant = "ALL_F32"  # as general.file_type 0 names it
+    _, config, _ = profile.resolve("cpu")
+    fit = Fit(config, torch.device("cpu"), torch.bfloat16, 1 << 40)
+    assert summary.tensor_types == ("F32",) and fit.why_not(summary) is None
+    summary.tensor_types = ("F32", "IQ4_XS")
+    assert "IQ4_XS are of a type lucedesk does not read" in fit.why_not(summary)

@@ -141,3 +141,41 @@ async def test_the_picker_pulls_a_repository_by_name_then_loads_it(
             await wait_for(pilot, lambda: isinstance(app.screen, MainScreen))
     assert any(line.startswith("downloading tiny-Q8_0.gguf: ") for line in lines)
     assert any("pulling acme/tiny-GGUF Q8_0" in line for line in lines)
+
+
+def test_a_switch_that_fails_to_load_brings_the_old_model_back(tmp_path, monkeypatch, tiny_llama):
+    from lucedesk.engine import QueueFullError
+    from lucedesk.errors import LucedeskError, ModelLoadError
+    from lucedesk.tui import engine_host
+
+    other = tmp_path / "other"
+    shutil.copytree(tiny_llama, other)
+    host = EngineHost(str(tiny_llama), "cpu", ["kv_pool_tokens=512"], http=False)
+    host.start(lambda line: None)
+    real = engine_host.launch_engine
+
+    def failing(path, config, *args, **kwargs):
+        if str(path) == str(other):
+            raise ModelLoadError("broken on purpose")
+        return real(path, config, *args, **kwargs)
+
+    try:
+        monkeypatch.setattr(engine_host, "launch_engine", failing)
+        with pytest.raises(LucedeskError, match="broken on purpose; the engine runs again"):
+            host.switch("cpu", True, lambda line: None, model=str(other))
+        assert host.built.engine.running and host.model_path == tiny_llama
+        assert host.engine is host.built.engine
+
+        def always(*args, **kwargs):
+            raise ModelLoadError("nothing loads")
+
+        monkeypatch.setattr(engine_host, "launch_engine", always)
+        with pytest.raises(LucedeskError, match="no model runs now"):
+            host.switch("cpu", True, lambda line: None, model=str(other))
+        with pytest.raises(QueueFullError, match="no model runs: nothing loads"):
+            host.engine  # noqa: B018 (the HTTP server and the panes read it so)
+        monkeypatch.setattr(engine_host, "launch_engine", real)
+        host.switch("cpu", True, lambda line: None, model=str(other))
+        assert host.built.engine.running and host.stopped_because is None
+    finally:
+        host.stop()

@@ -40,6 +40,7 @@ class TerminalTransfer:
     def __call__(self, path: str, done: int, total: int) -> None:
         import time
 
+        from lucedesk.catalog.download import transfer_text
         from lucedesk.catalog.quants import human_size
 
         now = time.monotonic()
@@ -50,10 +51,7 @@ class TerminalTransfer:
             if last_path == path and now - last < 0.25 and not finished:
                 return
             rate = (done - first) / max(now - start, 1e-6)
-            line = (
-                f"\r{path}: {human_size(done)} of {human_size(total)} "
-                f"({done * 100 // max(total, 1)}%, {human_size(int(rate))}/s)"
-            )
+            line = "\r" + transfer_text(path, done, total, rate)
             sys.stderr.write(line.ljust(79) + ("\n" if finished else ""))
             sys.stderr.flush()
             self.shown = (path, now)

@@ -41,7 +41,7 @@ class EngineBackend:
     async def turn(
         self, req: TurnRequest, owner: str, on_text: OnText, on_reasoning: OnText
     ) -> TurnResult:
-        try:
+        try:  # while a model loads the engine refuses (RequestError) as a full queue does
             turn = await start_turn(self.engine(), req, owner)
         except RequestError as exc:
             return failed(str(exc))

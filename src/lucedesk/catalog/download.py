@@ -46,6 +46,17 @@ class RemoteFile:
         return name
 
 
+def transfer_text(path: str, done: int, total: int, rate: float | None = None) -> str:
+    """A download's progress in words: `model.gguf: 1.2 GB of 18.6 GB (6%, 45.0 MB/s)`."""
+    from lucedesk.catalog.quants import human_size
+
+    speed = f", {human_size(int(rate))}/s" if rate is not None else ""
+    return (
+        f"{path.rpartition('/')[2]}: {human_size(done)} of {human_size(total)} "
+        f"({done * 100 // max(total, 1)}%{speed})"
+    )
+
+
 def repo_folder(cache: Path, repo: str) -> Path:
     return cache / ("models--" + repo.replace("/", "--"))
 
@@ -102,9 +113,16 @@ def _transfer(
             with httpx.stream(
                 "GET", url, headers=ask, follow_redirects=True, timeout=httpx.Timeout(30.0)
             ) as response:
-                if response.status_code not in (200, 206):
+                code = response.status_code
+                if code == 429 or code >= 500:  # busy or down for now: tried again
+                    raise Busy(f"the hub answered {code}")
+                if code not in (200, 206):
                     raise PullError(_refusal(response, file.path))
-                mode = "ab" if response.status_code == 206 else "wb"  # 200: the whole file
+                if code == 206 and not response.headers.get("content-range", "").startswith(
+                    f"bytes {done}-"
+                ):
+                    raise Busy(f"the hub sent a range other than bytes {done}-")
+                mode = "ab" if code == 206 else "wb"  # 200: the whole file, from the start
                 got = done if mode == "ab" else 0
                 with open(partial, mode) as out:
                     for chunk in response.iter_bytes():  # as it comes: a cut keeps all
@@ -118,7 +136,7 @@ def _transfer(
                 failures = 0
             if got < file.size:
                 raise httpx.RemoteProtocolError("the server ended the file early")
-        except (httpx.TransportError, OSError) as exc:
+        except (httpx.TransportError, httpx.DecodingError, Busy, OSError) as exc:
             if isinstance(exc, OSError) and not _network_error(exc):
                 raise PullError(f"{partial}: cannot be written ({exc})") from None
             failures += 1
@@ -128,6 +146,10 @@ def _transfer(
                     f"{_size(partial)} kept, the next pull resumes there"
                 ) from None
             time.sleep(min(2.0 ** (failures - 1), 8.0))
+
+
+class Busy(Exception):
+    """An answer worth asking again for: 429, 5xx, a range other than the one asked for."""
 
 
 def _network_error(exc: OSError) -> bool:

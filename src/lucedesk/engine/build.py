@@ -49,6 +49,7 @@ class BuiltEngine:
     pool_tokens: int
     kernels: str
     weights: str
+    pool_bytes: int = 0  # the KV pool's memory
 
 
 def check_device(config: EngineConfig) -> torch.device:
@@ -80,9 +81,11 @@ def build_engine(
     config: EngineConfig,
     name: str | None = None,
     chat_template: str | None = None,
+    check_fit: bool = True,
 ) -> BuiltEngine:
     """The engine for a model file or folder; `name` is what it is called (its file's stem
-    by default), `chat_template` replaces the file's own template."""
+    by default), `chat_template` replaces the file's own template. With `check_fit`, one
+    that cannot fit the memory free is refused before it loads (engine/memory.py)."""
     from lucedesk.catalog.summary import summarize_path
 
     device = check_device(config)
@@ -90,7 +93,7 @@ def build_engine(
     if config.num_threads and device.type == "cpu":
         torch.set_num_threads(config.num_threads)
     path = Path(model_path).expanduser()
-    if path.exists():  # a missing one is the loader's to report
+    if check_fit and path.exists():  # a missing one is the loader's to report
         free = available_memory(device, config.unified_memory)
         check_fits(summarize_path(path), config, device, dtype, free, name or path.name)
     # A GGUF mixture's experts stay in the file until their format is chosen (assemble).
@@ -117,6 +120,7 @@ def launch_engine(
     progress: Callable[[str], None] | None = None,
     name: str | None = None,
     chat_template: str | None = None,
+    check_fit: bool = True,
 ) -> BuiltEngine:
     """Load the model and run the engine on one new thread, returning once it is serving.
 
@@ -127,7 +131,7 @@ def launch_engine(
 
     def serve() -> None:
         try:
-            built = build_engine(model_path, config, name, chat_template)
+            built = build_engine(model_path, config, name, chat_template, check_fit)
             return_free_memory()
         except BaseException as exc:  # handed to the caller, who reports it
             ready.put(exc)
@@ -161,6 +165,7 @@ def assemble(loaded: LoadedModel, config: EngineConfig, device: torch.device) ->
     pool_tokens = derive_pool_tokens(
         config, loaded.config, model.dtype, available_memory(device, config.unified_memory), max_len
     )
+    pool_bytes = pool_tokens * kv_bytes_per_token(loaded.config, model.dtype, config.kv_dtype)
     num_blocks = max(pool_tokens // config.block_size, 1)
     runner = TorchSeqEngine(model, num_blocks, config.block_size, kernels, device, config.kv_dtype)
     scheduler = Scheduler(config, num_blocks, max_len)
@@ -176,11 +181,13 @@ def assemble(loaded: LoadedModel, config: EngineConfig, device: torch.device) ->
         weights,
         config.max_slots,
         pool_tokens,
-        pool_tokens * kv_bytes_per_token(loaded.config, model.dtype, config.kv_dtype) // MIB,
+        pool_bytes // MIB,
         config.kv_dtype,
         kernels,
     )
-    return BuiltEngine(engine, loaded, device, model.dtype, pool_tokens, kernels, weights)
+    return BuiltEngine(
+        engine, loaded, device, model.dtype, pool_tokens, kernels, weights, pool_bytes
+    )
 
 
 def apply_weight_format(model: DecoderModel, wanted: str, kernels: str) -> str:

@@ -23,6 +23,9 @@ from lucedesk.errors import ConfigError
 MIB = 1 << 20
 INT8_BYTES = 1.125  # a weight at 8 bits with a 16-bit scale per 32
 FOUR_BIT_HEAD = 0.5625  # a tied LM head from a 4-bit embedding: 4 bits + scale and minimum
+# The least KV a derived pool must hold for a model to count as fitting: a profile without
+# max_model_len runs a 131k-context model on whatever pool the memory left derives.
+LEAST_CONTEXT = 8192
 
 
 def kv_bytes_per_token(model, dtype: torch.dtype, kv_dtype: str = "dtype") -> int:
@@ -141,13 +144,13 @@ def estimate(
     free_bytes: int | None = None,
 ) -> MemoryNeed:
     """What loading the model under `config` takes. The KV term is the profile's pool; a
-    pool derived from free memory counts as `free_bytes` would derive it (None: one full
-    context, the least the model is usable with)."""
+    pool derived from free memory counts as `free_bytes` would derive it (None: the least a
+    model is usable with: its context, at most LEAST_CONTEXT tokens)."""
     form = expected_weights(summary, config, device, dtype)
     weights = weight_bytes(summary, form, dtype)
     max_len = context_limit(config, summary.context)
     if config.kv_pool_tokens or free_bytes is None:
-        tokens = config.kv_pool_tokens or max_len
+        tokens = config.kv_pool_tokens or min(max_len, LEAST_CONTEXT)
     else:
         tokens = max(derive_pool_tokens(config, summary, dtype, free_bytes - weights, max_len), 0)
     kv = tokens * kv_bytes_per_token(summary, dtype, config.kv_dtype)
@@ -204,15 +207,19 @@ class Fit:
         return self.need(summary).total <= self.free_bytes
 
     def why_not(self, summary: ModelSummary) -> str | None:
-        """Why the model cannot run here (its kind, its quant, its size), or None."""
+        """Why the model cannot run here (its kind, its block types, its size), or None."""
         from lucedesk.catalog.quants import LOADABLE
         from lucedesk.engine.models.families import BY_GGUF_ARCH, BY_HF_TYPE
+        from lucedesk.engine.models.gguf_blocks import SUPPORTED_TYPES
 
         if summary.architecture not in BY_GGUF_ARCH and summary.architecture not in BY_HF_TYPE:
             return f"architecture {summary.architecture!r} is not one lucedesk runs"
         if summary.quant.startswith("quantized"):
             return f"its weights are {summary.quant}, which lucedesk does not read"
-        if summary.quant.isupper() and summary.quant not in LOADABLE:
+        unread = [t for t in summary.tensor_types if t not in SUPPORTED_TYPES]
+        if unread:
+            return f"its tensors in {', '.join(unread)} are of a type lucedesk does not read"
+        if not summary.tensor_types and summary.quant.isupper() and summary.quant not in LOADABLE:
             return f"quant {summary.quant} has block types lucedesk does not read"
         need = self.need(summary)
         if need.total > self.free_bytes:

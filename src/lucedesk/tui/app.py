@@ -66,8 +66,8 @@ class LucedeskApp(App):
 
     def switch_model(self, name: str, say=None) -> None:
         """Load another model in place of the running one (any name --model takes, fetched
-        first where it is not here); conversations stay. `say` shows its progress (a
-        notice each line by default)."""
+        first where it is not here); conversations stay. `say` shows its progress from the
+        worker thread (by default in the title bar, `show_progress`)."""
         self.notify(f"Loading {name}; running replies finish first.")
         self.run_worker(
             lambda: self._switch_model(name, say),
@@ -80,18 +80,25 @@ class LucedeskApp(App):
     def _switch_model(self, name: str, say=None) -> None:
         from lucedesk.errors import LucedeskError
 
-        def notify(text: str) -> None:
-            self.call_from_thread(self.notify, text)
+        def in_title(text: str) -> None:
+            self.call_from_thread(self.show_progress, text)
 
         try:
-            self.host.switch(self.host.profile.name, True, say or notify, model=name)
+            self.host.switch(self.host.profile.name, True, say or in_title, model=name)
         except Exception as exc:  # said, never a silent worker failure
             text = str(exc) if isinstance(exc, LucedeskError) else f"{type(exc).__name__}: {exc}"
-            self.call_from_thread(
-                self.notify, f"Model switch failed: {text}", severity="error", timeout=10
-            )
+            self.call_from_thread(self.switch_failed, f"Model switch failed: {text}")
             return
         self.call_from_thread(self.engine_switched)
+
+    def show_progress(self, text: str) -> None:
+        """A switch's progress line, in the title bar until it ends."""
+        self.sub_title = text
+
+    def switch_failed(self, message: str) -> None:
+        self.notify(message, severity="error", timeout=10)
+        if self.host.built is not None:
+            self.update_subtitle()
 
     def engine_switched(self) -> None:
         from lucedesk.tui.screens.models import ModelsScreen

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +22,6 @@ from lucedesk.engine import (
     QueueFullError,
     check_device,
     kernel_build_notice,
-    kv_bytes_per_token,
     launch_engine,
 )
 from lucedesk.errors import ConfigError, LucedeskError
@@ -33,7 +33,7 @@ Say = Callable[[str], None]
 
 def transfer_line(say: Say, every: float = 0.5) -> Callable[[str, int, int], None]:
     """A download's progress as one line said at most every `every` seconds."""
-    from lucedesk.catalog.quants import human_size
+    from lucedesk.catalog.download import transfer_text
 
     last = [0.0]
 
@@ -42,11 +42,7 @@ def transfer_line(say: Say, every: float = 0.5) -> Callable[[str, int, int], Non
         if now - last[0] < every and done < total:
             return
         last[0] = now
-        name = path.rpartition("/")[2]
-        say(
-            f"downloading {name}: {human_size(done)} of {human_size(total)} "
-            f"({done * 100 // max(total, 1)}%)"
-        )
+        say("downloading " + transfer_text(path, done, total))
 
     return transferred
 
@@ -80,14 +76,19 @@ class EngineHost:
         self.why = ""
         self.server: RunningServer | None = None
         self.http_error: str | None = None
+        self.stopped_because: str | None = None  # a switch and its way back both failed
+        self._switching = threading.Lock()
 
     @property
     def engine(self) -> Engine:
         """The running engine; while one loads (start, a switch), requests are refused as a
         full queue is (HTTP 503: try again)."""
-        if self.built is None:
+        built = self.built
+        if built is None:
+            if self.stopped_because:
+                raise QueueFullError(f"no model runs: {self.stopped_because}")
             raise QueueFullError("the engine is loading a model; try again in a moment")
-        return self.built.engine
+        return built.engine
 
     @property
     def model_path(self) -> Path | None:
@@ -95,10 +96,11 @@ class EngineHost:
 
     @property
     def model_name(self) -> str:
-        """What the running model is called, as --model and /model take it."""
+        """What the running model is called, as --model and /model take it (a file by its
+        whole path, so it means the same from any folder)."""
         if self.model is None:
             return ""
-        return self.model.name or str(self.model.path)
+        return self.model.name or str(self.model.path.resolve())
 
     @property
     def url(self) -> str | None:
@@ -131,26 +133,24 @@ class EngineHost:
                 log.warning("HTTP server not started: %s", exc)
 
     def _first_model(self, progress: Say) -> Resolved:
-        """--model, else the model last used, else the default; a remembered one that is gone
-        gives way to the default, saying so."""
+        """--model, else the model last used, else the default; a remembered one no longer
+        on this machine gives way to the default, saying so (nothing is fetched unasked)."""
         fit = Fit.now(self.config)
         if self.model_arg is not None or self.remembered is None:
             return resolve(self.model_arg, progress, fit, transfer_line(progress))
         try:
-            return resolve(self.remembered, progress, fit, transfer_line(progress))
+            return resolve(self.remembered, progress, fit, fetch=False)
         except LucedeskError as exc:
             progress(f"the model last used is not available ({exc}); starting the default")
             return resolve(None, progress, fit, transfer_line(progress))
 
-    def given_back(self) -> int:
-        """About what the running engine holds: its KV pool and its weights."""
+    def given_back(self, device) -> int:
+        """About what the running engine holds on `device` (its KV pool and weights): what
+        a switch to a model on the same device may count as free."""
         built = self.built
-        if built is None or self.model is None:
+        if built is None or self.model is None or built.device.type != device.type:
             return 0
-        pool = built.pool_tokens * kv_bytes_per_token(
-            built.loaded.config, built.dtype, self.config.kv_dtype
-        )
-        return pool + Fit.now(self.config).need(summarize_path(self.model.path)).weights
+        return built.pool_bytes + Fit.now(self.config).need(summarize_path(self.model.path)).weights
 
     def switch(
         self,
@@ -165,9 +165,17 @@ class EngineHost:
         first is (the profile, the device, the model's files and whether it fits): such a
         switch fails with the engine untouched. One that fails while loading brings the old
         settings back with the KV pool it had, and says so."""
+        if not self._switching.acquire(blocking=False):
+            raise LucedeskError("another switch is under way; wait for it to end")
+        try:
+            self._switch(profile_name, drain, progress, model)
+        finally:
+            self._switching.release()
+
+    def _switch(self, profile_name: str, drain: bool, progress: Say, model: str | None) -> None:
         chosen, config, why = profiles.resolve(profile_name, self.overrides)
-        check_device(config)
-        fit = Fit.now(config, self.given_back())
+        device = check_device(config)
+        fit = Fit.now(config, self.given_back(device))
         target = self.model
         if model is not None:
             target = resolve(model, progress, fit, transfer_line(progress))
@@ -186,19 +194,27 @@ class EngineHost:
             )
         except Exception as exc:
             log.exception("switch to profile %s failed", chosen.name)
-            # the same pool as before: the memory the failed load left may differ
-            gc.collect()
-            self.built = launch_engine(
-                self.model.path,
-                dataclasses.replace(self.config, kv_pool_tokens=old_pool),
-                name=self.model.name,
-                chat_template=self._template(self.model),
-            )
+            self._free_device(device)
+            try:  # the model that ran, with the pool it had, unchecked: it ran in this memory
+                self.built = launch_engine(
+                    self.model.path,
+                    dataclasses.replace(self.config, kv_pool_tokens=old_pool),
+                    name=self.model.name,
+                    chat_template=self._template(self.model),
+                    check_fit=False,
+                )
+            except Exception as again:
+                log.exception("the engine could not be started again")
+                self.stopped_because = f"{exc}; starting {self.model_name} again failed: {again}"
+                raise LucedeskError(
+                    f"{self.stopped_because}; no model runs now (/model or F7 loads one)"
+                ) from None
             raise LucedeskError(
                 f"{exc}; the engine runs again with profile {self.profile.name} and "
                 f"{self.model_name}"
             ) from None
         self.model = target
+        self.stopped_because = None
         self.profile, self.profile_name, self.config, self.why = chosen, chosen.name, config, why
 
     def _release(self, drain: bool) -> None:
@@ -209,6 +225,10 @@ class EngineHost:
         built.engine.shutdown(drain=drain, timeout=60)
         device = built.device
         del built
+        self._free_device(device)
+
+    @staticmethod
+    def _free_device(device) -> None:
         gc.collect()
         if device.type == "cuda":
             import torch

@@ -10,7 +10,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from lucedesk.engine.models.tokenizer import Tokenizer
-from lucedesk.errors import ModelLoadError, RequestError
+from lucedesk.errors import RequestError
 
 # Used only when a model ships no template of its own.
 CHATML_TEMPLATE = (
@@ -38,14 +38,6 @@ def _compile(source: str) -> jinja2.Template:
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env.from_string(source)
-
-
-def check_template(source: str, where: str) -> None:
-    """A chat template that does not compile, refused naming `where` and its line."""
-    try:
-        _compile(source)
-    except jinja2.exceptions.TemplateSyntaxError as exc:
-        raise ModelLoadError(f"{where}: line {exc.lineno}: {exc.message}") from None
 
 
 def render_chat(

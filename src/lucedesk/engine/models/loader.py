@@ -16,7 +16,6 @@ from lucedesk.engine.harmony import ENDS as HARMONY_ENDS
 from lucedesk.engine.harmony import MARKERS as HARMONY_MARKERS
 from lucedesk.engine.harmony import is_harmony
 from lucedesk.engine.models import tokenizer as tok
-from lucedesk.engine.models.chat import check_template
 from lucedesk.engine.models.config import ModelConfig
 from lucedesk.engine.models.decoder import DecoderModel
 from lucedesk.engine.models.expert_weights import GGUFExperts, materialize_dense
@@ -70,8 +69,7 @@ def load_model(
         quantization = _gguf_file_type(gguf.get("general.file_type"))
     else:
         raise ModelLoadError(f"{path}: neither a .gguf file nor a Hugging Face folder")
-    if chat_template is not None:
-        check_template(chat_template, "the chat template given")
+    if chat_template is not None:  # checked where it was read (catalog/settings.py)
         tokenizer.chat_template = chat_template
     name = name or name_of(path)
     _family_defaults(tokenizer, BY_NAME[config.architecture])

@@ -72,7 +72,8 @@ class MainScreen(Screen):
 
     def current_stats(self):
         host = self.app.host
-        return host.engine.stats() if host.built is not None else None
+        built = host.built  # None while a switch loads another model
+        return built.engine.stats() if built is not None else None
 
     def remote_url(self) -> str:
         pane = self.pane()

@@ -13,8 +13,7 @@ from textual.widgets import DataTable, Footer, Header, Input, Label
 from lucedesk.catalog.listing import ListedModel, list_models
 from lucedesk.catalog.quants import human_size
 from lucedesk.catalog.resolve import hub_name
-from lucedesk.engine import Fit
-from lucedesk.tui.engine_host import Say
+from lucedesk.engine import Fit, resolve_device
 
 HINT = (
     "▶ running · ✓ fits · Enter loads the model · type to filter, or a Hugging Face "
@@ -47,7 +46,8 @@ class ModelsScreen(Screen):
     def read_models(self) -> None:
         """The listing off the event loop: a store's headers are read the first time."""
         host = self.app.host
-        fit = Fit.now(host.config, host.given_back())
+        device = resolve_device(host.config.device)
+        fit = Fit.now(host.config, host.given_back(device))
         listed = list_models(fit.why_not)
         self.app.call_from_thread(self.show_models, listed)
 
@@ -109,21 +109,16 @@ class ModelsScreen(Screen):
         if listed is not None and listed.fits is False:
             self.notify(f"{name}: {listed.problem}", severity="error", timeout=10)
             return
-        progress = self.query_one("#progress", Label)
+        self.query_one("#progress", Label).update(f"loading {name}…")
+        self.app.switch_model(name, say=self.progress_line)
 
-        def say(text: str) -> None:
-            self.app.call_from_thread(progress.update, text)
+    def progress_line(self, text: str) -> None:
+        """A switch's progress (from its worker thread) on the picker's line while the picker
+        is shown, else on the app's (App.show_progress)."""
+        self.app.call_from_thread(self._show, text)
 
-        progress.update(f"loading {name}…")
-        self.app.switch_model(name, say=self.say_then_notify(say))
-
-    def say_then_notify(self, say: Say) -> Say:
-        """Progress on the picker's line while it is shown, else as notices."""
-
-        def both(text: str) -> None:
-            if self.is_attached:
-                say(text)
-            else:
-                self.app.call_from_thread(self.app.notify, text)
-
-        return both
+    def _show(self, text: str) -> None:
+        if self.is_attached:
+            self.query_one("#progress", Label).update(text)
+        else:
+            self.app.show_progress(text)

@@ -215,15 +215,14 @@ class ChatPane(Vertical, can_focus=False):
     def warn_without_tool_format(self) -> None:
         """Tools on a model whose chat template has no tool-call format of its own: said,
         once per session, since small models call tools poorly that way."""
-        s = self.session
-        host = self.app.host
-        if s.agent_type == "chat" or s.backend_url or host.built is None:
+        s, built = self.session, self.app.host.built  # None while a switch loads a model
+        if s.agent_type == "chat" or s.backend_url or built is None:
             return
-        if host.engine.chat.tool_format.family != "generic" or s.id in self.app.warned_tools:
+        if built.engine.chat.tool_format.family != "generic" or s.id in self.app.warned_tools:
             return
         self.app.warned_tools.add(s.id)
         self.app.notify(
-            f"{host.built.loaded.name} has no tool-call format of its own: its tools are "
+            f"{built.loaded.name} has no tool-call format of its own: its tools are "
             "described in the system prompt and its calls held to a grammar.",
             severity="warning",
             timeout=8,
@@ -378,7 +377,9 @@ class ChatPane(Vertical, can_focus=False):
     # -- subagents --------------------------------------------------------------------------
 
     def start_fanout(self, count: int, task: str) -> None:
-        slots = self.app.host.engine.max_slots
+        if (built := self.app.host.built) is None:  # a switch loads another model
+            raise ValueError("a model is loading; try again once it runs")
+        slots = built.engine.max_slots
         children = self.agent.runtime.limits.max_children
         if not task:
             raise ValueError("say what the subagents should do: /fanout N <task>")
