@@ -661,3 +661,88 @@ def test_streamed_calls_without_an_index_stay_apart():
         ("a", "read_file", '{"path": "x"}'),
         ("b", "glob", '{"pattern": "*"}'),
     ]
+
+
+# -- big files, races and what the file system says ------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["sparse 2 GiB", "100 MB on one line", "binary"])
+async def test_edits_refuse_a_big_or_binary_file_before_reading_it(ws, kind):
+    target = ws / "big.txt"
+    with open(target, "wb") as f:
+        if kind == "sparse 2 GiB":
+            f.truncate(2 << 30)
+        elif kind == "100 MB on one line":
+            f.write(b"x" * (100 << 20))
+        else:
+            f.write(b"\x00\x01" + b"x" * (3 << 20))
+    ctx = context(ws, Approvals(allow_edits=True))
+    tracemalloc.start()
+    try:
+        with pytest.raises(ToolError, match="big.txt (is .* bytes; edit_file|is a binary)"):
+            await edit_file.TOOL.handler(
+                ctx, {"path": "big.txt", "old_string": "x", "new_string": "y"}
+            )
+        with pytest.raises(ToolError, match="big.txt (is .* bytes; edit_file|is a binary)"):
+            await write_file.TOOL.handler(ctx, {"path": "big.txt", "content": "small"})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 10 << 20  # nothing read whole (a 2 GiB read peaked at 2.1 GB)
+
+
+def swap_after_check(monkeypatch, ws: Path, folder: str, outside: Path) -> None:
+    """The race a symlink swap makes, at its worst moment: `folder` is checked inside the
+    workspace, then replaced by a link to `outside` before it is read."""
+    resolve = Workspace.resolve
+
+    def resolve_then_swap(self, path, field="path"):
+        real = resolve(self, path, field)
+        victim = ws / folder
+        if victim.is_dir() and not victim.is_symlink():
+            victim.rename(ws / (folder + ".old"))
+            victim.symlink_to(outside, target_is_directory=True)
+        return real
+
+    monkeypatch.setattr(Workspace, "resolve", resolve_then_swap)
+
+
+@pytest.mark.parametrize("tool", ["list_dir", "glob"])
+async def test_a_folder_swapped_for_a_link_is_never_listed_through_it(ws, tool, monkeypatch):
+    swap_after_check(monkeypatch, ws, "docs", ws.parent / "outside")
+    args = {"path": "docs"} if tool == "list_dir" else {"pattern": "*", "path": "docs"}
+    try:
+        text = await TOOLS[tool].handler(context(ws), args)
+    except ToolError as exc:
+        text = str(exc)
+    assert "secret" not in text, text
+
+
+async def test_a_file_that_vanishes_mid_call_is_a_tool_error_naming_it(ws, monkeypatch):
+    from lucedesk.agent.tool_runner import call_tool
+    from lucedesk.engine import ToolCall
+
+    session = SimpleNamespace(
+        workspace=Workspace(ws),
+        runtime=SimpleNamespace(approvals=Approvals()),
+        title="tools",
+        tools=lambda: list(TOOLS.values()),
+    )
+    is_dir = Path.is_dir
+
+    def gone_after_the_check(self):  # the file goes between list_dir's checks and its stat
+        if self.name == "notes.txt":
+            self.unlink(missing_ok=True)
+        return is_dir(self)
+
+    monkeypatch.setattr(Path, "is_dir", gone_after_the_check)
+    call = ToolCall("c1", "list_dir", '{"path": "notes.txt"}')
+    with pytest.raises(ToolError, match=r"^path: notes.txt: No such file or directory"):
+        await call_tool(session, call, TOOLS["list_dir"])
+
+
+async def test_a_long_file_name_can_be_written(ws):
+    name = "n" * 250 + ".txt"  # a temporary name beside it must stay within 255 bytes
+    ctx = context(ws, Approvals(allow_edits=True))
+    result = await write_file.TOOL.handler(ctx, {"path": name, "content": "hello\n"})
+    assert "created" in result and (ws / name).read_text() == "hello\n"

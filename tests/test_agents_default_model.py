@@ -216,3 +216,27 @@ def test_headless_arguments_are_checked_before_a_model_loads(tmp_path):
     assert done.stderr.splitlines() == [
         "lucedesk: error: --workspace: workspace /nonexistent: not a folder"
     ]
+
+
+def test_any_prompt_goes_to_another_server(serve, tmp_path):
+    """The prompt names the session, and the session's name went into a header: a prompt
+    with non-ASCII text, or whose first 16 characters end in a space, failed the request."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for prompt in ("Résumé: list the files", "Please list all the files"):
+        done = lucedesk_agent(
+            tmp_path,
+            "-p",
+            prompt,
+            "--workspace",
+            str(ws),
+            "--base-url",
+            serve,
+            "--tool-choice",
+            "none",
+            "--max-tokens",
+            "8",
+            "--no-mcp",
+        )
+        assert done.returncode == 0, done.stderr
+        assert "codec" not in done.stderr and "Illegal header" not in done.stderr

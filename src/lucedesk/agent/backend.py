@@ -83,6 +83,12 @@ def wire_body(req: TurnRequest, model: str) -> dict:
     return body
 
 
+def header_value(text: str) -> str:
+    """`text` as a header may carry it: printable ASCII, no spaces (a session's owner holds
+    its title, whatever the person typed: `Résumé: list the files`)."""
+    return "".join(c if 32 < ord(c) < 127 else "_" for c in text).strip("_") or "agent"
+
+
 def api_base(url: str) -> str:
     base = url.rstrip("/")
     return base if base.endswith("/v1") else base + "/v1"
@@ -100,7 +106,7 @@ class OpenAIBackend:
     async def turn(
         self, req: TurnRequest, owner: str, on_text: OnText, on_reasoning: OnText
     ) -> TurnResult:
-        headers = {"X-Lucedesk-Client": owner}
+        headers = {"X-Lucedesk-Client": header_value(owner)}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         text: list[str] = []

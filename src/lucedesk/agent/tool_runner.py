@@ -113,4 +113,18 @@ async def call_tool(session: AgentSession, call: ToolCall, spec: ToolSpec | None
     if workspace is None and spec.access != "task":
         raise ToolError("this session has no workspace")
     ctx = ToolContext(workspace, session.runtime.approvals, session)
-    return await spec.handler(ctx, args)
+    try:
+        return await spec.handler(ctx, args)
+    except OSError as exc:  # a file that went away mid-call, a name too long: the model's
+        raise ToolError(os_error_text(exc, workspace, args)) from None
+
+
+def os_error_text(exc: OSError, workspace, args: dict) -> str:
+    """What the file system said, naming the path (relative to the workspace)."""
+    where = exc.filename or args.get("path") or "."
+    if workspace is not None:
+        try:
+            where = workspace.show(workspace.root.joinpath(where).resolve())
+        except (OSError, ValueError, RuntimeError):
+            pass
+    return f"path: {where}: {exc.strerror or exc}"

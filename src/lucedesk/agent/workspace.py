@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -19,6 +20,10 @@ MAX_PATH_BYTES = 4096
 MAX_NAME_BYTES = 255
 # Folders no search walks into.
 SKIPPED = frozenset({".git", "__pycache__", "node_modules", ".venv"})
+# The largest file an edit reads whole: a bigger one (a log, a data dump, a sparse image) is
+# refused before a byte of it is read.
+MAX_EDIT_BYTES = 4 << 20
+DIRECTORY = os.O_RDONLY | os.O_DIRECTORY
 
 
 class Workspace:
@@ -79,6 +84,57 @@ class Workspace:
             ) from None
         return fd, parts[-1]
 
+    def open_dir(self, real: Path, field: str = "path") -> int:
+        """A descriptor of the folder `real` (resolved inside the root), opened through
+        `open_parent`, its own name not followed either: a folder swapped for a link since
+        `resolve` checked it is an error, never a listing of what the link points at."""
+        if real == self.root:
+            return os.open(self.root, DIRECTORY)
+        dir_fd, name = self.open_parent(real, field)
+        try:
+            return os.open(name, DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+        except OSError as exc:
+            raise ToolError(f"{field}: {self.show(real)}: {exc.strerror}") from None
+        finally:
+            os.close(dir_fd)
+
+    def walk_files(self, base: Path, limit: int = 100_000) -> Iterator[str]:
+        """The files under the folder `base` (resolved inside the root), as paths relative
+        to it: folders entered through their descriptors, never through a link, those of
+        SKIPPED never; a link to a file inside the workspace counts as a file."""
+        stack = [(self.open_dir(base), "")]
+        seen = 0
+        try:
+            while stack:
+                fd, prefix = stack.pop()
+                try:
+                    with os.scandir(fd) as entries:
+                        found = sorted(entries, key=lambda e: e.name)
+                    for entry in found:
+                        seen += 1
+                        if seen > limit:
+                            return
+                        name = prefix + entry.name
+                        if entry.is_dir(follow_symlinks=False):
+                            if entry.name in SKIPPED:
+                                continue
+                            try:
+                                inner = os.open(entry.name, DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                            except OSError:  # gone, or swapped for a link since it was listed
+                                continue
+                            stack.append((inner, name + "/"))
+                        elif entry.is_symlink():
+                            target = (base / name).resolve()
+                            if target.is_relative_to(self.root) and target.is_file():
+                                yield name
+                        elif entry.is_file(follow_symlinks=False):
+                            yield name
+                finally:
+                    os.close(fd)
+        finally:
+            for fd, _ in stack:
+                os.close(fd)
+
     def open_read(self, real: Path, field: str = "path") -> BinaryIO | None:
         """The regular file `real` opened for reading through `open_parent` (never through
         a link), None when it does not exist."""
@@ -102,17 +158,28 @@ class Workspace:
 
     def read_for_write(self, real: Path, field: str = "path") -> bytes | None:
         """The bytes of `real` before a write (None: it does not exist yet); a file with
-        other hard links (a name that may lie outside) is refused."""
+        other hard links (a name that may lie outside), one over MAX_EDIT_BYTES and one
+        that is binary are refused before it is read whole."""
         f = self.open_read(real, field)
         if f is None:
             return None
         with f:
-            if os.fstat(f.fileno()).st_nlink > 1:
+            info = os.fstat(f.fileno())
+            if info.st_nlink > 1:
                 raise ToolError(
                     f"{field}: {self.show(real)} has other hard links (names that may lie "
                     "outside the workspace); lucedesk does not write to it"
                 )
-            return f.read()
+            if info.st_size > MAX_EDIT_BYTES:
+                raise ToolError(
+                    f"{field}: {self.show(real)} is {info.st_size:,} bytes; edit_file and "
+                    f"write_file change files of at most {MAX_EDIT_BYTES:,} (run_command can "
+                    "change bigger ones)"
+                )
+            head = f.read(8192)
+            if b"\x00" in head:
+                raise ToolError(f"{field}: {self.show(real)} is a binary file")
+            return head + f.read(MAX_EDIT_BYTES + 1 - len(head))
 
     def missing(self, path: str, field: str = "path") -> ToolError:
         """The error for a path that does not exist, naming the closest paths that do."""

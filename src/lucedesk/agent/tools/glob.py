@@ -3,32 +3,58 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 from lucedesk.agent.tools.base import ToolContext, ToolError, ToolSpec, capped, schema
-from lucedesk.agent.workspace import SKIPPED
 
 MAX_MATCHES = 300
 
 
+def pattern_regex(pattern: str) -> re.Pattern:
+    """A path pattern as pathlib reads one: `**` any folders (none too), `*` and `?` within
+    a name, `[...]` a set; names starting with a dot match too."""
+    parts = []
+    for i, segment in enumerate(pattern.split("/")):
+        last = i == len(pattern.split("/")) - 1
+        if segment == "**":
+            parts.append("(?:[^/]+/)*[^/]+" if last else "(?:[^/]+/)*")
+            continue
+        out, j = "", 0
+        while j < len(segment):
+            c = segment[j]
+            if c == "*":
+                out += "[^/]*"
+            elif c == "?":
+                out += "[^/]"
+            elif c == "[" and "]" in segment[j + 2 :]:
+                end = segment.index("]", j + 2)
+                body = segment[j + 1 : end]
+                out += "[" + ("^" + body[1:] if body.startswith("!") else body) + "]"
+                j = end
+            else:
+                out += re.escape(c)
+            j += 1
+        parts.append(out if last else out + "/")
+    try:
+        return re.compile("".join(parts) + r"\Z")
+    except re.error as exc:
+        raise ToolError(f"pattern: {exc}") from None
+
+
 def find(ctx: ToolContext, pattern: str, path: str) -> str:
-    base = ctx.workspace.resolve(path)
+    ws = ctx.workspace
+    base = ws.resolve(path)
     if not base.is_dir():
         raise ToolError(f"path: {path} is not a folder")
     if pattern.startswith("/") or ".." in pattern.split("/"):
         raise ToolError("pattern: give a pattern relative to the folder, without '..'")
-    try:
-        found = base.glob(pattern)
-    except ValueError as exc:
-        raise ToolError(f"pattern: {exc}") from None
+    wanted = pattern_regex(pattern)
     matches = []
-    for p in found:
-        if SKIPPED.intersection(p.relative_to(base).parts):
-            continue
-        real = p.resolve()
-        if real.is_relative_to(ctx.workspace.root) and real.is_file():
-            matches.append(ctx.workspace.show(p.absolute()))
-        if len(matches) > MAX_MATCHES:
-            break
+    for relative in ws.walk_files(base):  # through descriptors, into no link
+        if wanted.match(relative):
+            matches.append(ws.show(base / relative))
+            if len(matches) > MAX_MATCHES:
+                break
     matches.sort()
     if not matches:
         return f"no files match {pattern}"

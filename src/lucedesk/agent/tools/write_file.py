@@ -35,11 +35,9 @@ def unified_diff(shown: str, before: str, after: str) -> str:
 def current_text(ws: Workspace, real: Path, field: str = "path") -> str:
     if real.is_dir():
         raise ToolError(f"{field}: {real.name} is a folder")
-    data = ws.read_for_write(real, field)
+    data = ws.read_for_write(real, field)  # refuses binary files and big ones
     if data is None:
         return ""
-    if b"\x00" in data[:8192]:
-        raise ToolError(f"{field}: {real.name} is a binary file")
     # Bytes that are not UTF-8 (a Latin-1 file, a stray byte) ride along as surrogate
     # escapes and are written back as they were: an edit changes only what it replaces.
     return data.decode("utf-8", errors="surrogateescape")
@@ -79,7 +77,9 @@ def write_if_unchanged(ws: Workspace, real: Path, before: str, after: str) -> bo
         mode = 0o644
         with contextlib.suppress(FileNotFoundError):
             mode = stat.S_IMODE(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
-        fresh = f".{name}.{secrets.token_hex(4)}.lucedesk"
+        # beside it, under a name of its own: `.{name}.x` would pass the 255 bytes a name
+        # may have for names of 240 and more
+        fresh = f".lucedesk-{secrets.token_hex(4)}.tmp"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
         fd = os.open(fresh, flags, mode, dir_fd=dir_fd)
         try:
