@@ -84,7 +84,7 @@ def test_a_client_leaving_a_non_streamed_request_frees_its_slot(server):
     assert engine.stats().num_completed >= 1
 
 
-def serve_process(model, port: int, env: dict) -> subprocess.Popen:
+def serve_process(model, port: int, env: dict, extra: list[str] = ()) -> subprocess.Popen:
     return subprocess.Popen(
         [
             sys.executable,
@@ -103,6 +103,7 @@ def serve_process(model, port: int, env: dict) -> subprocess.Popen:
             "max_slots=2",
             "--set",
             "kv_pool_tokens=2048",
+            *extra,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -179,3 +179,26 @@ def test_a_switch_that_fails_to_load_brings_the_old_model_back(tmp_path, monkeyp
         assert host.built.engine.running and host.stopped_because is None
     finally:
         host.stop()
+
+
+async def test_the_log_view_shows_each_http_request(env):
+    import httpx
+
+    from lucedesk.tui.screens.log import LogScreen
+
+    app = make_app(env, http=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        await pilot.press("f9")
+        await wait_for(pilot, lambda: isinstance(app.screen, LogScreen))
+        async with httpx.AsyncClient() as client:
+            ok = await client.get(app.host.url + "/v1/models")
+            bad = await client.post(app.host.url + "/v1/chat/completions", json={"model": "x"})
+        assert ok.status_code == 200 and bad.status_code in (400, 404, 422)
+
+        def shown() -> str:
+            return "\n".join(str(line.text) for line in app.screen.query_one("RichLog").lines)
+
+        await wait_for(pilot, lambda: "GET /v1/models 200" in shown())
+        await wait_for(pilot, lambda: f"POST /v1/chat/completions {bad.status_code}" in shown())
+        assert any("GET /v1/models 200" in line for line in app.kept_log.lines)

@@ -181,6 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _access_args(serve)
     serve.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default="text",
+        help="the access log's lines (one per request, on stderr): text, or JSON objects",
+    )
+    serve.add_argument(
         "--served-model-name",
         action="append",
         default=[],

@@ -305,8 +305,10 @@ def serve(args: argparse.Namespace) -> int:
     import os
 
     from lucedesk.server import allowed_hosts_for, check_host, create_app
+    from lucedesk.server.access import print_access
     from lucedesk.server.run import serve_forever
 
+    print_access(args.log_format)
     api_key = args.api_key or os.environ.get("LUCEDESK_API_KEY") or None
     check_host(args.host, api_key)
     built = build_from_args(args)

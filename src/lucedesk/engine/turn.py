@@ -15,6 +15,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
@@ -220,6 +221,8 @@ class Turn:
         self.strict = strict or {}
         self.stops = FreeTextStops(stops) if stops else None
         self.num_prompt_tokens = handle.num_prompt_tokens
+        self.num_output_tokens = 0  # so far
+        self.first_token_at: float | None = None  # time.monotonic() of the first token
         self.finished = False
         self._text: list[str] = []
 
@@ -233,6 +236,9 @@ class Turn:
         repeats = RepeatedCalls(parser) if parser is not None else None
         try:
             async for out in self.handle:
+                self.num_output_tokens = out.num_output_tokens
+                if self.first_token_at is None and out.num_output_tokens:
+                    self.first_token_at = time.monotonic()
                 pieces = parser.feed(out.text) if parser is not None else []
                 if out.finished and parser is not None:
                     pieces += parser.finish(out.finish_reason is FinishReason.LENGTH)

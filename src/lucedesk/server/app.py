@@ -25,8 +25,9 @@ from lucedesk.server import (
     responses_api,
     utility_api,
 )
+from lucedesk.server.access import ERROR_BODY_LIMIT, AccessRecord
 from lucedesk.server.errors import APIError
-from lucedesk.server.served import Served
+from lucedesk.server.served import CLIENT_HEADER, Served, label_of
 
 DEFAULT_BODY_LIMIT = 4 << 20  # 4 MiB: a ~1M-character prompt, far beyond any context here
 
@@ -79,6 +80,41 @@ class Gate:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
+        client = scope.get("client")
+        record = AccessRecord(
+            scope["method"],
+            scope["path"],
+            f"{client[0]}:{client[1]}" if client else "-",
+            owner=label_of(
+                headers.get(CLIENT_HEADER.encode(), b"").decode("latin-1") or None,
+                headers.get(b"user-agent", b"").decode("latin-1") or None,
+            ),
+        )
+        scope.setdefault("state", {})["access"] = record  # request.state.access
+        try:
+            await self._gate(scope, receive, self._logged(send, record), headers)
+        finally:
+            record.finish()  # a client that left before its answer ended: logged now
+
+    @staticmethod
+    def _logged(send, record: AccessRecord):
+        """`send` noting the answer's status, an error answer's body, and its end."""
+
+        async def sending(message):
+            if message["type"] == "http.response.start":
+                record.status = message["status"]
+            elif message["type"] == "http.response.body":
+                if (record.status or 0) >= 400 and len(record.body) < ERROR_BODY_LIMIT:
+                    record.body += message.get("body", b"")[:ERROR_BODY_LIMIT]
+                if not message.get("more_body", False):
+                    await send(message)
+                    record.finish()
+                    return
+            await send(message)
+
+        return sending
+
+    async def _gate(self, scope, receive, send, headers: dict):
         path = scope["path"]
         raw_host = headers.get(b"host", b"").decode("latin-1")
         host = host_name(raw_host)

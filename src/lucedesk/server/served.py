@@ -52,7 +52,11 @@ class Served:
 
 def owner_label(request: Request) -> str:
     """Who sent it, for the slot monitor: an explicit header, else the User-Agent's product."""
-    label = request.headers.get(CLIENT_HEADER) or request.headers.get("user-agent") or "client"
+    return label_of(request.headers.get(CLIENT_HEADER), request.headers.get("user-agent"))
+
+
+def label_of(client: str | None, user_agent: str | None) -> str:
+    label = client or user_agent or "client"
     label = label.split()[0] if label.split() else "client"
     return "http:" + "".join(c for c in label if c.isprintable())[:32]
 
@@ -68,7 +72,11 @@ async def start_client_turn(engine: Engine, req: TurnRequest, request: Request) 
             "X-Lucedesk-Priority",
         )
     req.interactive = priority == "interactive"
-    return await start_turn(engine, req, owner_label(request))
+    turn = await start_turn(engine, req, owner_label(request))
+    access = getattr(request.state, "access", None)
+    if access is not None:  # its tokens and first token's time go in the access line
+        access.turn = turn
+    return turn
 
 
 async def complete(turn: Turn, request: Request) -> TurnResult:

@@ -11,6 +11,7 @@ from lucedesk.agent import Approvals
 from lucedesk.store import Store
 from lucedesk.tui.agents import AgentRunner
 from lucedesk.tui.engine_host import EngineHost
+from lucedesk.tui.log_view import KeptLog
 from lucedesk.tui.screens.loading import LoadingScreen
 
 MODEL_SETTING = "model"  # the model last run: the next start's without --model
@@ -41,6 +42,7 @@ class LucedeskApp(App):
         self.pending_input = ""
         self.drafts: dict[int, str] = {}  # typed, not sent, in a session no pane shows now
         self.warned_tools: set[int] = set()  # sessions told their model has no tool format
+        self.kept_log = KeptLog()  # the log view's lines (F9)
 
     def forget_if_unused(self, session) -> None:
         """A chat left without a word sent (and nothing typed for it) is not kept."""
@@ -50,6 +52,7 @@ class LucedeskApp(App):
             self.store.delete_session(session.id)
 
     def on_mount(self) -> None:
+        self.kept_log.install()
         self.push_screen(LoadingScreen())
 
     def engine_ready(self) -> None:
@@ -170,3 +173,4 @@ class LucedeskApp(App):
             await self.mcp.stop()
         self.host.stop()
         self.store.close()
+        self.kept_log.remove()

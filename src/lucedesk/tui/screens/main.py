@@ -49,6 +49,7 @@ class MainScreen(Screen):
         Binding("ctrl+e", "export", "Export", show=False, priority=True),
         Binding("f7", "models", "Models", priority=True),
         Binding("f8", "profiles", "Profiles", priority=True),
+        Binding("f9", "log", "Log", priority=True),
         Binding("question_mark", "keys", "Keys", show=False),  # where no input takes it
     ]
 
@@ -363,6 +364,11 @@ class MainScreen(Screen):
                 self.app.notify(f"Fan-out: {exc}", severity="error")
 
         self.app.push_screen(FanoutDialog(), chosen)
+
+    def action_log(self) -> None:
+        from lucedesk.tui.screens.log import LogScreen
+
+        self.app.push_screen(LogScreen())
 
     def action_models(self) -> None:
         from lucedesk.tui.screens.models import ModelsScreen

@@ -1,0 +1,69 @@
+"""The access log: `lucedesk serve` prints one line per request (method, path, status,
+client, tokens, time to first token, duration; a 4xx or 5xx with its message), as text or
+JSON; the TUI keeps the same lines in its log view (F9)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import httpx
+
+from tests.conftest import free_port, wait_until
+from tests.test_server_failures import serve_process
+
+CHAT = {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+TOO_LONG = {**CHAT, "messages": [{"role": "user", "content": "word " * 3000}]}
+
+
+def requests_to(url: str) -> None:
+    assert httpx.post(url + "/v1/chat/completions", json=CHAT, timeout=60).status_code == 200
+    headers = {"User-Agent": "claude-cli/2.1 (external)"}
+    assert httpx.post(url + "/v1/messages", json=TOO_LONG, headers=headers).status_code == 400
+    evil = {"Origin": "http://evil.example"}
+    assert httpx.get(url + "/v1/models", headers=evil).status_code == 403
+    assert httpx.get(url + "/v1/nothing").status_code == 404
+
+
+def served_lines(tiny_llama, *extra: str) -> list[str]:
+    port = free_port()
+    proc = serve_process(tiny_llama, port, dict(os.environ), list(extra))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: up(url), 60, 0.2)
+        requests_to(url)
+    finally:
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=30)
+    return stderr.splitlines()
+
+
+def up(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_serve_prints_a_line_per_request(tiny_llama):
+    lines = [line for line in served_lines(tiny_llama) if " /health " not in line]
+    chat = next(line for line in lines if "POST /v1/chat/completions 200 127.0.0.1:" in line)
+    assert "http:python-httpx/" in chat and "prompt=" in chat and "output=3" in chat
+    assert "ttft=" in chat
+    refused = next(line for line in lines if "POST /v1/messages 400" in line)
+    assert "http:claude-cli/2.1" in refused and "prompt is too long: " in refused
+    assert any("GET /v1/models 403" in line and "evil.example" in line for line in lines)
+    assert any("GET /v1/nothing 404" in line for line in lines)
+
+
+def test_serve_prints_json_lines_when_asked(tiny_llama):
+    records = []
+    for line in served_lines(tiny_llama, "--log-format", "json"):
+        if line.startswith("{"):
+            records.append(json.loads(line))
+    chat = next(r for r in records if r.get("path") == "/v1/chat/completions")
+    assert chat["status"] == 200 and chat["output_tokens"] == 3 and chat["prompt_tokens"] > 0
+    assert chat["ttft_s"] >= 0 and chat["duration_s"] >= chat["ttft_s"]
+    assert chat["client"].startswith("127.0.0.1:") and chat["error"] is None
+    refused = next(r for r in records if r.get("path") == "/v1/messages")
+    assert refused["status"] == 400 and "prompt is too long" in refused["error"]
