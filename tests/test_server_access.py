@@ -67,3 +67,61 @@ def test_serve_prints_json_lines_when_asked(tiny_llama):
     assert chat["client"].startswith("127.0.0.1:") and chat["error"] is None
     refused = next(r for r in records if r.get("path") == "/v1/messages")
     assert refused["status"] == 400 and "prompt is too long" in refused["error"]
+
+
+def test_a_start_says_what_it_does_with_its_time_so_far():
+    import time
+
+    from lucedesk.server.startup import Startup
+
+    said: list[str] = []
+    startup = Startup(said.append, every=0.05)
+    startup.stage("building the CPU kernels")
+    time.sleep(0.2)
+    assert startup.describe().startswith("building the CPU kernels (")
+    startup.done()
+    assert said[0] == "building the CPU kernels"
+    assert any(
+        line.startswith("building the CPU kernels: ") and "s so far" in line for line in said
+    )
+
+
+def test_serve_listens_first_and_health_says_starting_until_the_model_serves(
+    default_model, tmp_path
+):
+    import subprocess
+    import sys
+
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "lucedesk", "serve", "--model", str(default_model)]
+            + ["--port", str(port), "--set", "max_slots=2"],  # a derived pool: seconds to zero
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    answers = []
+    try:
+
+        def ready() -> bool:
+            try:
+                r = httpx.get(url + "/health", timeout=2)
+            except httpx.HTTPError:
+                return False
+            answers.append((r.status_code, r.json()))
+            return r.status_code == 200
+
+        wait_until(ready, 120, 0.02)
+        chat = httpx.post(url + "/v1/chat/completions", json=CHAT, timeout=60)
+        assert chat.status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert proc.returncode == 0
+    assert answers[0][0] == 503 and answers[0][1]["status"] == "starting"
+    said = [body["message"] for status, body in answers if status == 503]
+    assert any(m.startswith(f"starting: loading {default_model.name}") for m in said), said
+    assert f"lucedesk: loading {default_model.name}" in log.read_text()

@@ -71,17 +71,19 @@ def resolve_model_arg(args: argparse.Namespace, config):
     return resolve(getattr(args, "model", None), say, Fit.now(config), TerminalTransfer())
 
 
-def build_from_args(args: argparse.Namespace) -> BuiltEngine:
+def build_from_args(args: argparse.Namespace, stage=None) -> BuiltEngine:
+    """The engine `args` ask for; `stage` (Startup.stage) is told each step of the start."""
     from lucedesk.catalog.settings import chat_template
     from lucedesk.engine import kernel_build_notice, launch_engine
 
+    stage = stage or (lambda text: say(f"lucedesk: {text}"))
     chosen, config, why = engine_config(args)
     say(f"lucedesk: {why}")
     model = resolve_model_arg(args, config)
     template = chat_template(model.name or str(model.path), getattr(args, "chat_template", None))
     notice = kernel_build_notice(config)
-    if notice:
-        say(f"lucedesk: {notice}")
+    name = model.name or model.path.name
+    stage(f"loading {name}" + (f"; {notice}" if notice else ""))
     return launch_engine(model.path, config, name=model.name, chat_template=template)
 
 
@@ -304,28 +306,59 @@ def show_profiles(args: argparse.Namespace) -> int:
 def serve(args: argparse.Namespace) -> int:
     import os
 
-    from lucedesk.server import allowed_hosts_for, check_host, create_app
+    from lucedesk.engine import EngineNotReady
+    from lucedesk.server import allowed_hosts_for, check_host, create_app, start_server
     from lucedesk.server.access import print_access
-    from lucedesk.server.run import serve_forever
+    from lucedesk.server.startup import Startup
 
     print_access(args.log_format)
     api_key = args.api_key or os.environ.get("LUCEDESK_API_KEY") or None
     check_host(args.host, api_key)
-    built = build_from_args(args)
+    startup = Startup(lambda text: say(f"lucedesk: {text}"))
+    serving: list[BuiltEngine] = []
+
+    def engine():
+        if not serving:  # /health answers 503 "starting" with what is under way
+            raise EngineNotReady(f"starting: {startup.describe()}")
+        return serving[0].engine
+
     app = create_app(
-        built.engine,
+        engine,
         model_name=args.served_model_name,
         api_key=api_key,
         allowed_hosts=allowed_hosts_for(args.host, args.allow_host),
         allowed_origins=args.allow_origin,
     )
+    # Listening first: a client sees the server start (503 until the model serves).
+    running = start_server(app, args.host, args.port)
     host = f"[{args.host}]" if ":" in args.host else args.host
-    say(f"lucedesk: serving {built.loaded.name} at http://{host}:{args.port}/v1")
     try:
-        serve_forever(app, args.host, args.port)
+        serving.append(build_from_args(args, startup.stage))
+        startup.done()
+        say(f"lucedesk: serving {serving[0].loaded.name} at http://{host}:{running.port}/v1")
+        wait_for_a_signal()
+    except KeyboardInterrupt:  # Ctrl+C or SIGTERM: a stop asked for
+        pass
     finally:
-        built.engine.shutdown()
+        startup.done()
+        running.stop()
+        if serving:
+            serving[0].engine.shutdown()
     return 0
+
+
+def wait_for_a_signal() -> None:
+    """Until Ctrl+C or SIGTERM (both end `serve` the same way)."""
+    import signal
+    import threading
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    forever = threading.Event()
+    while not forever.wait(3600):
+        pass
 
 
 def tui(args: argparse.Namespace) -> int:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lucedesk.engine.chat_encoder import ChatPrompt
-from lucedesk.engine.engine import Engine, ModelInfo, QueueFullError
+from lucedesk.engine.engine import Engine, EngineNotReady, ModelInfo, QueueFullError
 from lucedesk.engine.grammar import Grammar
 from lucedesk.engine.handle import Completion, RequestHandle, RequestOutput, TokenLogprob
 from lucedesk.engine.messages import CallLedger, ChatMessage, Tool, ToolCall, ToolChoice
@@ -77,6 +77,7 @@ __all__ = [
     "Completion",
     "ContextOverflow",
     "Engine",
+    "EngineNotReady",
     "EngineStats",
     "FinishReason",
     "Grammar",

@@ -104,14 +104,15 @@ def build_engine(
 
 def kernel_build_notice(config: EngineConfig) -> str | None:
     """A line to show before starting when this start will compile the CPU kernels (the
-    first run on a machine, ~10 s), else None."""
+    first run on a machine: ~25 s on 2 idle cores, minutes on a loaded machine), else
+    None."""
     if config.kernels not in ("auto", "cpu") or resolve_device(config.device).type != "cpu":
         return None
     from lucedesk.kernels.cpu_build import needs_build
 
     if not needs_build():
         return None
-    return "building the CPU kernels (first run on this machine, ~10 s)"
+    return "building the CPU kernels (first run on this machine; a minute or so)"
 
 
 def launch_engine(

@@ -26,6 +26,11 @@ class QueueFullError(RequestError):
     """The waiting queue is at its limit; try again shortly."""
 
 
+class EngineNotReady(QueueFullError):
+    """No engine serves yet (starting, or loading another model): try again shortly. Its
+    message says what is under way."""
+
+
 @dataclass(slots=True, frozen=True)
 class ModelInfo:
     """What clients are told about the loaded model: built once, where an engine is put

@@ -13,9 +13,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 
 from fastapi import FastAPI
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 
-from lucedesk.engine import Engine
+from lucedesk.engine import Engine, EngineNotReady
 from lucedesk.server import (
     anthropic_api,
     errors,
@@ -275,8 +275,11 @@ def create_app(
     )
 
     @app.get("/health")
-    async def health() -> dict:
-        eng = current()
+    async def health():
+        try:
+            eng = current()
+        except EngineNotReady as exc:  # starting (building kernels, loading), or switching
+            return JSONResponse({"status": "starting", "message": str(exc)}, status_code=503)
         s = eng.stats()
         return {
             "status": "ok" if eng.running else "stopped",

@@ -18,8 +18,8 @@ from lucedesk.catalog.summary import summarize_path
 from lucedesk.engine import (
     BuiltEngine,
     Engine,
+    EngineNotReady,
     Fit,
-    QueueFullError,
     check_device,
     kernel_build_notice,
     launch_engine,
@@ -86,8 +86,8 @@ class EngineHost:
         built = self.built
         if built is None:
             if self.stopped_because:
-                raise QueueFullError(f"no model runs: {self.stopped_because}")
-            raise QueueFullError("the engine is loading a model; try again in a moment")
+                raise EngineNotReady(f"no model runs: {self.stopped_because}")
+            raise EngineNotReady("the engine is loading a model; try again in a moment")
         return built.engine
 
     @property
@@ -112,14 +112,7 @@ class EngineHost:
     def start(self, progress: Say) -> None:
         self.profile, self.config, self.why = profiles.resolve(self.profile_name, self.overrides)
         progress(f"profile {self.profile.name}: {self.why}")
-        self.model = self._first_model(progress)
-        template = self._template(self.model)
-        notice = kernel_build_notice(self.config)  # built while the model loads
-        progress(f"loading {self.model_name}" + (f"; {notice}" if notice else ""))
-        self.built = launch_engine(
-            self.model.path, self.config, progress, self.model.name, template
-        )
-        if self.http:
+        if self.http:  # listening first: clients get 503 "starting" until the model serves
             progress(f"starting HTTP on {self.host}:{self.port}")
             try:
                 app = create_app(
@@ -131,6 +124,13 @@ class EngineHost:
             except Exception as exc:  # the TUI works without HTTP; say why it is off
                 self.http_error = str(exc)
                 log.warning("HTTP server not started: %s", exc)
+        self.model = self._first_model(progress)
+        template = self._template(self.model)
+        notice = kernel_build_notice(self.config)  # built while the model loads
+        progress(f"loading {self.model_name}" + (f"; {notice}" if notice else ""))
+        self.built = launch_engine(
+            self.model.path, self.config, progress, self.model.name, template
+        )
 
     def _first_model(self, progress: Say) -> Resolved:
         """--model, else the model last used, else the default; a remembered one no longer
