@@ -125,3 +125,49 @@ def test_serve_listens_first_and_health_says_starting_until_the_model_serves(
     said = [body["message"] for status, body in answers if status == 503]
     assert any(m.startswith(f"starting: loading {default_model.name}") for m in said), said
     assert f"lucedesk: loading {default_model.name}" in log.read_text()
+
+
+def test_memory_a_refused_long_prompt_took_goes_back(default_model, tmp_path):
+    """Four 3.9 MB prompts (each tokenized, then refused) left the server 0.8 GB larger for
+    good: freed memory stayed in the C heap's arenas. A measure of what a request leaves,
+    not of time."""
+    import concurrent.futures
+    import random
+    import subprocess
+    import sys
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lucedesk", "serve", "--model", str(default_model)]
+        + ["--port", str(port), "--set", "max_slots=2", "--set", "kv_pool_tokens=4096"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def rss() -> int:
+        for line in open(f"/proc/{proc.pid}/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) << 10
+        raise KeyError("VmRSS")
+
+    def refused(text: str) -> int:
+        body = {**CHAT, "messages": [{"role": "user", "content": text}]}
+        return httpx.post(url + "/v1/chat/completions", json=body, timeout=300).status_code
+
+    rng = random.Random(0)
+    words = [
+        "".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 9))) for _ in range(5000)
+    ]
+    texts = [" ".join(rng.choices(words, k=780_000))[:3_900_000] for _ in range(2)]
+    try:
+        wait_until(lambda: up(url), 120, 0.2)
+        ready = rss()
+        for _ in range(2):
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                codes = list(pool.map(refused, texts))
+            assert codes == [400, 400]
+        wait_until(lambda: rss() - ready < 400 << 20, 10, 0.5)  # before: +790 MB, kept
+    finally:
+        proc.terminate()
+        proc.wait(30)

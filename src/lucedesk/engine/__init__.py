@@ -51,7 +51,7 @@ if TYPE_CHECKING:
         resolve_device,
         resolve_dtype,
     )
-    from lucedesk.engine.memory import Fit, MemoryNeed
+    from lucedesk.engine.memory import Fit, MemoryNeed, return_free_memory
     from lucedesk.engine.memory import estimate as estimate_memory
     from lucedesk.engine.models.loader import read_model_config
 
@@ -110,6 +110,7 @@ __all__ = [
     "read_model_config",
     "Fit",
     "MemoryNeed",
+    "return_free_memory",
     "estimate_memory",
     "resolve_device",
     "resolve_dtype",
@@ -124,7 +125,7 @@ def __getattr__(name: str):
         from lucedesk.engine import build
 
         return getattr(build, name)
-    if name in ("Fit", "MemoryNeed", "estimate_memory"):
+    if name in ("Fit", "MemoryNeed", "estimate_memory", "return_free_memory"):
         from lucedesk.engine import memory
 
         return getattr(memory, "estimate" if name == "estimate_memory" else name)
