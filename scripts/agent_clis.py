@@ -1,5 +1,6 @@
 """The real agent CLIs against `lucedesk serve`, headless: Claude Code (Anthropic Messages),
-opencode (OpenAI chat) and Codex (OpenAI Responses), each configured as docs/api.md says.
+opencode and Qwen Code (OpenAI chat) and Codex (OpenAI Responses), each configured as
+docs/api.md says, with the served model's context and an output limit of a quarter of it.
 
     .venv/bin/python scripts/agent_clis.py [--model gemma3-270m] [--clis DIR] [--short]
 
@@ -37,6 +38,7 @@ PACKAGES = {
     "claude": "@anthropic-ai/claude-code",
     "opencode": "opencode-ai",
     "codex": "@openai/codex",
+    "qwen": "@qwen-code/qwen-code",
 }
 NAME = "lucedesk"  # the name the server answers to (--served-model-name)
 PROMPT = "Run the shell command `echo lucedesk-ok` and tell me what it printed."
@@ -115,8 +117,9 @@ def answered_a_call(body: dict) -> bool:
     return False
 
 
-def claude_run(bin_: Path, base: str, home: Path, work: Path, short: bool):
+def claude_run(bin_: Path, base: str, home: Path, work: Path, short: bool, context: int):
     env = {
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(context // 4),
         "ANTHROPIC_BASE_URL": base,
         "ANTHROPIC_AUTH_TOKEN": "unused",
         **{
@@ -140,7 +143,7 @@ def claude_run(bin_: Path, base: str, home: Path, work: Path, short: bool):
     return args, env
 
 
-def opencode_run(bin_: Path, base: str, home: Path, work: Path, short: bool):
+def opencode_run(bin_: Path, base: str, home: Path, work: Path, short: bool, context: int):
     config = {
         "$schema": "https://opencode.ai/config.json",
         "provider": {
@@ -148,7 +151,9 @@ def opencode_run(bin_: Path, base: str, home: Path, work: Path, short: bool):
                 "npm": "@ai-sdk/openai-compatible",
                 "name": NAME,
                 "options": {"baseURL": base + "/v1"},
-                "models": {NAME: {"tools": True, "limit": {"context": 32768, "output": 4096}}},
+                "models": {
+                    NAME: {"tools": True, "limit": {"context": context, "output": context // 4}}
+                },
             }
         },
         "model": f"{NAME}/{NAME}",
@@ -158,11 +163,12 @@ def opencode_run(bin_: Path, base: str, home: Path, work: Path, short: bool):
     return [str(bin_), "run", "--print-logs", "-m", f"{NAME}/{NAME}", PROMPT], {}
 
 
-def codex_run(bin_: Path, base: str, home: Path, work: Path, short: bool):
+def codex_run(bin_: Path, base: str, home: Path, work: Path, short: bool, context: int):
     codex_home = home / ".codex"
     codex_home.mkdir(exist_ok=True)
     (codex_home / "config.toml").write_text(
-        f'model = "{NAME}"\nmodel_provider = "{NAME}"\n\n'
+        f'model = "{NAME}"\nmodel_provider = "{NAME}"\n'
+        f"model_context_window = {context}\n\n"
         f"[model_providers.{NAME}]\n"
         f'name = "{NAME}"\nbase_url = "{base}/v1"\nwire_api = "responses"\n'
     )
@@ -176,7 +182,12 @@ def codex_run(bin_: Path, base: str, home: Path, work: Path, short: bool):
     return args, {"CODEX_HOME": str(codex_home)}
 
 
-RUNS = {"claude": claude_run, "opencode": opencode_run, "codex": codex_run}
+def qwen_run(bin_: Path, base: str, home: Path, work: Path, short: bool, context: int):
+    env = {"OPENAI_BASE_URL": base + "/v1", "OPENAI_MODEL": NAME}
+    return [str(bin_), "-p", PROMPT, "--yolo"], env
+
+
+RUNS = {"claude": claude_run, "opencode": opencode_run, "codex": codex_run, "qwen": qwen_run}
 
 
 def main() -> int:
@@ -210,7 +221,7 @@ def main() -> int:
         print(f"lucedesk serve: {info['id']}, context {info.get('context_length')} tokens")
         rows = []
         for name in args.only or list(RUNS):
-            rows.append(run_one(name, bins[name], port, root, args))
+            rows.append(run_one(name, bins[name], port, root, args, info["context_length"]))
         print()
         print("| client | requests (2xx / all) | reply parsed | tool-call round trip | note |")
         print("| --- | --- | --- | --- | --- |")
@@ -222,7 +233,7 @@ def main() -> int:
         server.wait(30)
 
 
-def run_one(name: str, bin_: Path, port: int, root: Path, args) -> list[str]:
+def run_one(name: str, bin_: Path, port: int, root: Path, args, context: int) -> list[str]:
     home, work = root / f"{name}-home", root / f"{name}-work"
     home.mkdir()
     work.mkdir()
@@ -230,7 +241,8 @@ def run_one(name: str, bin_: Path, port: int, root: Path, args) -> list[str]:
     proxy_port = free_port()
     recorder.serve(proxy_port)
     time.sleep(0.5)
-    argv, env = RUNS[name](bin_, f"http://127.0.0.1:{proxy_port}", home, work, args.short)
+    base = f"http://127.0.0.1:{proxy_port}"
+    argv, env = RUNS[name](bin_, base, home, work, args.short, context)
     env = {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"), **env}
     env["PWD"] = str(work)  # opencode finds its project (and opencode.json) by PWD
     env.pop("OPENAI_API_KEY", None)
