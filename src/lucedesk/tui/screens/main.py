@@ -140,7 +140,7 @@ class MainScreen(Screen):
     @property
     def panes(self) -> list[ChatPane]:
         # Asked per agent event (every token): the box's children, not a query of the DOM.
-        return [w for w in self.pane_box.children if isinstance(w, ChatPane)]
+        return [w for w in self.pane_box.children if isinstance(w, ChatPane) and not w.closing]
 
     async def add_pane(self, session: Session) -> ChatPane:
         pane = ChatPane(session)
@@ -232,7 +232,7 @@ class MainScreen(Screen):
         """An agent did something: the pane showing its session renders it; the sidebar
         shows new children and phases."""
         for pane in self.panes:
-            if pane.session.id == message.event.session.id:
+            if pane.session.id == message.event.session.id and not pane.closing:
                 await pane.on_agent_update(message)
         event = message.event
         if isinstance(event, ChildStarted):
@@ -294,11 +294,12 @@ class MainScreen(Screen):
         if pane is None or len(self.panes) == 1:
             self.app.notify("The last pane stays.", severity="warning")
             return
+        pane.closing = True  # updates that arrive from here on are not shown
         pane.stop(take_back=False)
         self.app.forget_if_unused(pane.session)
-        await pane.remove()
-        self.active = self.panes[-1]
+        self.active = next(p for p in reversed(self.panes) if p is not pane)
         self.active.focus_input()
+        await pane.remove()
         self.save_layout()
 
     def action_next_pane(self) -> None:

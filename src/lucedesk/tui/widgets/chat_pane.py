@@ -10,6 +10,7 @@ from pathlib import Path
 
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
+from textual.css.query import NoMatches
 from textual.widgets import Label, Static
 
 from lucedesk.agent import (
@@ -92,6 +93,7 @@ class ChatPane(Vertical, can_focus=False):
         self.views: dict[int, MessageView | ToolCallView] = {}  # by stored message id
         self._starting = False  # a run is on its way to the agent (busy before it starts)
         self._take_back = True  # a run stopped before a word puts its question back
+        self.closing = False  # being taken down (Ctrl+W): updates that arrive are dropped
 
     def compose(self) -> ComposeResult:
         yield Label(self.header_text(), id="header")
@@ -115,8 +117,13 @@ class ChatPane(Vertical, can_focus=False):
             self.new_below(False)
         self.focus_input()  # a click anywhere in the pane leaves the typing where it was
 
+    @property
+    def gone(self) -> bool:
+        """Closed, closing, or the app quitting: nothing is shown here any more."""
+        return self.closing or not self.is_attached
+
     def follow(self) -> None:
-        if self.is_attached:  # not once the app is quitting (updates may still arrive)
+        if not self.gone:  # updates may still arrive for a pane being taken down
             self.log_view.grew()
 
     # -- state ------------------------------------------------------------------------------
@@ -140,7 +147,8 @@ class ChatPane(Vertical, can_focus=False):
         )
 
     def refresh_header(self) -> None:
-        self.query_one("#header", Label).update(self.header_text())
+        for header in self.query("#header").results(Label):  # none once the pane is gone
+            header.update(self.header_text())
 
     async def show_session(self, session: Session) -> None:
         """Shows `session` here; the draft typed for the one shown before stays with it."""
@@ -183,7 +191,8 @@ class ChatPane(Vertical, can_focus=False):
         return view
 
     def focus_input(self) -> None:
-        self.query_one(ChatInput).focus()
+        for box in self.query(ChatInput).results(ChatInput):
+            box.focus()
 
     # -- input ------------------------------------------------------------------------------
 
@@ -275,10 +284,17 @@ class ChatPane(Vertical, can_focus=False):
         self.post_message(SessionsChanged())
 
     async def on_agent_update(self, message: AgentUpdate) -> None:
-        """What the agent of the shown session did; the screen forwards every update."""
-        event = message.event
-        if event.session.id != self.session.id or not self.is_attached:
-            return  # another session's, or the app is quitting: nothing left to show it in
+        """What the agent of the shown session did; the screen forwards every update. A pane
+        (or a view) taken down meanwhile, between any two steps, is let be."""
+        if message.event.session.id != self.session.id or self.gone:
+            return  # another session's, or closing, or the app is quitting
+        try:
+            await self._show_update(message.event)
+        except NoMatches:
+            if not self.gone:
+                raise
+
+    async def _show_update(self, event) -> None:
         if isinstance(event, PhaseChanged):
             self.refresh_header()
         elif isinstance(event, MessageAdded):

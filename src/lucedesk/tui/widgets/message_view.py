@@ -106,7 +106,8 @@ class MessageView(Vertical):
             await self._stream.stop()
             self._stream = None
         self.title = f"{self.role} · {note}" if note else self.role
-        # Not once the app is quitting (a reply stopped by Ctrl+Q ends here while the app
-        # takes its widgets down: the title may be gone already).
-        if self.is_attached:
-            self.query_one(Label).update(self.title)
+        # Not once the view is being taken down (its pane closed, Ctrl+Q): the title may be
+        # gone already.
+        for label in self.query(Label).results(Label):
+            label.update(self.title)
+            break
