@@ -10,12 +10,14 @@ import random
 
 import pytest
 
+from lucedesk.tui.messages import PromptSubmitted
+from lucedesk.tui.widgets.chat_input import ChatInput
 from tests.test_tui import (
     SIZE,
+    decoding,
     make_app,
     prepare,
     started,
-    type_and_send,
     wait_for,
 )
 
@@ -61,3 +63,62 @@ async def test_closing_panes_while_they_stream_never_crashes(env):
             pane.stop()
         await wait_for(pilot, lambda: not any(p.busy for p in screen.panes))
         assert app.return_code is None  # running, never crashed
+
+
+async def test_after_a_restart_focus_and_every_action_are_the_same_pane(env):
+    app = make_app(env)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await started(pilot)
+        await screen.run_action("split")
+        await pilot.pause()
+        first, second = screen.panes
+        second.session.max_tokens = 4
+        await second.send("the second chat")
+        await wait_for(pilot, lambda: not second.busy and len(second.session.messages) == 2)
+        first.focus_input()
+        await pilot.pause()
+        await long_reply(first)  # the first pane, focused, streams as the app goes down
+        await wait_for(pilot, lambda: len(first.session.messages) == 2)
+        await wait_for(pilot, lambda: len(first.session.messages[-1]["content"]) > 10)
+        kept = (first.session.id, second.session.id)
+    app = make_app(env)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await started(pilot)
+        await wait_for(pilot, lambda: len(screen.panes) == 2)
+        await pilot.pause(0.3)
+        first, second = screen.panes
+        assert (first.session.id, second.session.id) == kept
+        assert first.query_one(ChatInput).has_focus
+        assert screen.pane() is first and screen.watched_id() == kept[0]
+        await pilot.press("x")
+        assert first.query_one(ChatInput).text == "x" and second.query_one(ChatInput).text == ""
+        exported = screen.pane().export()
+        assert f"-{kept[0]}.md" in exported.name
+        first.query_one(ChatInput).clear()
+        await first.on_prompt_submitted(PromptSubmitted("/continue"))
+        await wait_for(pilot, lambda: first.busy)
+        await wait_for(pilot, lambda: decoding(app) == 1)
+        await press_soon(pilot, "escape")  # stops the focused pane's reply
+        await wait_for(pilot, lambda: not first.busy)
+        await wait_for(pilot, lambda: app.host.engine.stats().num_running == 0)
+        await press_soon(pilot, "f6", "y")  # the next pane, and the key lands there
+        await wait_for(pilot, lambda: second.query_one(ChatInput).text == "y")
+        assert screen.pane() is second and screen.watched_id() == kept[1]
+
+
+async def test_a_key_typed_right_after_f6_lands_in_the_next_pane(env):
+    """Under load the keys are queued together: F6's focus must be there before the next."""
+    from textual import events
+
+    app = make_app(env)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await started(pilot)
+        await screen.run_action("split")
+        await pilot.pause()
+        first, second = screen.panes
+        first.focus_input()
+        await pilot.pause()
+        for key, char in (("f6", None), ("T", "T"), ("r", "r")):
+            app._driver.send_message(events.Key(key, char))  # queued at once, as typed fast
+        await wait_for(pilot, lambda: second.query_one(ChatInput).text == "Tr")
+        assert first.query_one(ChatInput).text == ""

@@ -159,7 +159,16 @@ class MainScreen(Screen):
                 break
 
     def pane(self) -> ChatPane | None:
-        if self.active is not None and self.active.is_attached:
+        """The pane the user is in: the one holding the focus; with the focus elsewhere (the
+        sidebar), the one that held it last. Every action and the watched mark follow it."""
+        focused = self.focused
+        for node in focused.ancestors_with_self if focused is not None else ():
+            if isinstance(node, ChatPane):
+                if not node.closing:
+                    self.active = node
+                    return node
+                break
+        if self.active is not None and self.active.is_attached and not self.active.closing:
             return self.active
         panes = self.panes
         return panes[0] if panes else None

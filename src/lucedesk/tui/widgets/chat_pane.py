@@ -11,6 +11,7 @@ from pathlib import Path
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.css.query import NoMatches
+from textual.dom import NoScreen
 from textual.widgets import Label, Static
 
 from lucedesk.agent import (
@@ -191,8 +192,13 @@ class ChatPane(Vertical, can_focus=False):
         return view
 
     def focus_input(self) -> None:
+        """The focus on this pane's input now, not at the app's next idle moment (what
+        `focus()` does): a key typed right after F6 goes here, however busy the app."""
         for box in self.query(ChatInput).results(ChatInput):
-            box.focus()
+            try:
+                self.screen.set_focus(box)
+            except NoScreen:
+                box.focus()
 
     # -- input ------------------------------------------------------------------------------
 
