@@ -122,3 +122,43 @@ async def test_a_key_typed_right_after_f6_lands_in_the_next_pane(env):
             app._driver.send_message(events.Key(key, char))  # queued at once, as typed fast
         await wait_for(pilot, lambda: second.query_one(ChatInput).text == "Tr")
         assert first.query_one(ChatInput).text == ""
+
+
+async def test_continue_after_a_restart_shows_the_reply_whole_as_it_writes(env):
+    import sqlite3
+
+    tmp, _ = env
+    app = make_app(env)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await started(pilot)
+        pane = screen.panes[0]
+        pane.session.max_tokens = 40
+        await pane.send("write something")
+        await wait_for(pilot, lambda: len(pane.session.messages) == 2 and not pane.busy)
+        reply = pane.session.messages[-1]
+    # as a kill -9 leaves it: the reply still streaming, its process gone
+    with sqlite3.connect(tmp / "sessions.db") as db:
+        db.execute(
+            "UPDATE messages SET status = 'streaming', owner = 'gone-1' WHERE id = ?",
+            (reply["id"],),
+        )
+    app = make_app(env)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await started(pilot)
+        pane = screen.panes[0]
+        view = pane.views[reply["id"]]
+        assert str(view.query_one("Label").render()) == "assistant · interrupted"
+        first_line = reply["content"].strip().splitlines()[0]
+        pane.session.max_tokens = 300
+        seen = []
+        await pane.on_prompt_submitted(PromptSubmitted("/continue"))
+        await wait_for(
+            pilot, lambda: len(pane.session.messages[-1]["content"]) > len(reply["content"]) + 20
+        )
+        while pane.busy:
+            seen.append((str(view.query_one("Label").render()), view.markdown.source))
+            await pilot.pause(0.05)
+        assert seen
+        for title, source in seen:
+            assert title == "assistant"  # written on: no longer interrupted
+            assert source.startswith(first_line[:20])

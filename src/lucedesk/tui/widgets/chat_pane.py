@@ -315,9 +315,15 @@ class ChatPane(Vertical, can_focus=False):
         elif isinstance(event, TextStreamed):
             view = self.views.get(event.message["id"])
             if isinstance(view, MessageView):
+                content = event.message["content"]
+                if view.title != view.role:  # written on (/continue): no longer cut short
+                    view.retitle(None)
+                if not content.startswith(view.content):
+                    # written on from its text trimmed (/continue): shown whole once
+                    await view.replace(content)
+                    self.follow()
                 # Only what the view lacks: one opened mid-reply showed the text so far.
-                missing = event.message["content"][len(view.content) :]
-                if missing and await view.append(missing):
+                elif (missing := content[len(view.content) :]) and await view.append(missing):
                     self.follow()
         elif isinstance(event, ReasoningStreamed):
             view = self.views.get(event.message["id"])

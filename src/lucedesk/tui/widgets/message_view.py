@@ -95,16 +95,25 @@ class MessageView(Vertical):
         self._rendered_at = time.monotonic()
 
     async def replace(self, text: str) -> None:
-        """Show `text` instead (a reply rewritten when it ended: a /fanout split)."""
+        """Show `text` instead (a reply rewritten when it ended: a /fanout split; one
+        written on from its text trimmed)."""
         self.content, self._pending = text, ""
+        if self._stream is not None:  # what streams next goes after the new text
+            await self._stream.stop()
+            self._stream = None
         if self.is_attached:  # not once the app is quitting
             await self.markdown.update(text)
+            self._rendered_at = time.monotonic()
 
     async def finish(self, note: str | None = None) -> None:
         await self._render_pending()
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None
+        self.retitle(note)
+
+    def retitle(self, note: str | None) -> None:
+        """The role, and how the message ended (None: it did not, or not yet)."""
         self.title = f"{self.role} · {note}" if note else self.role
         # Not once the view is being taken down (its pane closed, Ctrl+Q): the title may be
         # gone already.
