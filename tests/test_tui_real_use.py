@@ -162,3 +162,20 @@ async def test_continue_after_a_restart_shows_the_reply_whole_as_it_writes(env):
         for title, source in seen:
             assert title == "assistant"  # written on: no longer interrupted
             assert source.startswith(first_line[:20])
+
+
+async def test_a_new_chat_is_in_the_sidebar_during_its_first_reply(env):
+    from lucedesk.tui.widgets.session_list import SessionList
+
+    app = make_app(env)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await started(pilot)
+        pane = screen.panes[0]
+        await long_reply(pane)
+        await wait_for(pilot, lambda: len(pane.session.messages) == 2)
+        await wait_for(pilot, lambda: len(pane.session.messages[-1]["content"]) > 5)
+        await pilot.pause(0.2)
+        assert pane.busy
+        assert screen.query_one(SessionList).node_of(pane.session.id) is not None
+        pane.stop()
+        await wait_for(pilot, lambda: not pane.busy)

@@ -246,8 +246,10 @@ class MainScreen(Screen):
         event = message.event
         if isinstance(event, ChildStarted):
             self.refresh_sessions()
-        elif isinstance(event, MessageAdded) and len(event.session.record.messages) == 1:
-            self.refresh_sessions()  # a chat's first message: it joins the sidebar
+        elif isinstance(event, MessageAdded) and event.message is event.session.record.messages[0]:
+            # A chat's first message: it joins the sidebar (by the time this is read, its
+            # reply has been added too).
+            self.refresh_sessions()
         elif isinstance(message.event, PhaseChanged):
             self.query_one(SessionList).relabel(message.event.session.record)
 
