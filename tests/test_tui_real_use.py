@@ -179,3 +179,28 @@ async def test_a_new_chat_is_in_the_sidebar_during_its_first_reply(env):
         assert screen.query_one(SessionList).node_of(pane.session.id) is not None
         pane.stop()
         await wait_for(pilot, lambda: not pane.busy)
+
+
+async def test_the_monitor_shows_running_slots_on_an_80x24_terminal(env):
+    from textual.widgets import DataTable
+
+    from lucedesk.tui.widgets.slot_monitor import SlotMonitor
+
+    app = make_app(env)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await started(pilot)
+        await screen.run_action("split")
+        await pilot.pause()
+        for pane in screen.panes:
+            await long_reply(pane)
+        await press_soon(pilot, "ctrl+g")
+        monitor = screen.query_one(SlotMonitor)
+        await wait_for(pilot, lambda: decoding(app) == 2)
+        monitor.refresh_stats()
+        await pilot.pause(0.2)
+        table = monitor.query_one(DataTable)
+        assert table.row_count == 3  # two running slots, then the idle ones
+        assert table.region.height >= 1 + 2  # the header and both running slots show
+        for pane in screen.panes:
+            pane.stop()
+        await wait_for(pilot, lambda: not any(p.busy for p in screen.panes))

@@ -118,6 +118,9 @@ class MainScreen(Screen):
             },
         )
 
+    def on_resize(self, event: events.Resize) -> None:
+        self.query_one(SlotMonitor).fit(event.size.height)
+
     def on_key(self, event: events.Key) -> None:
         """A key typed while something in a pane other than its input has the focus (a
         tool block after a click) goes to that pane's input: nothing typed is lost."""

@@ -80,7 +80,11 @@ class SlotMonitor(Vertical):
     SlotMonitor #summary, SlotMonitor #legend { width: 1fr; height: 1; text-wrap: nowrap;
                                                 text-overflow: ellipsis; }
     SlotMonitor #legend { color: $text-muted; }
+    SlotMonitor #remote.empty { display: none; }
+    /* A short terminal (80x24): the slot rows first; the rate's graph and the legend go */
+    SlotMonitor.compact Sparkline, SlotMonitor.compact #legend { display: none; }
     """
+    COMPACT_BELOW = 32  # terminal rows
 
     def __init__(
         self, stats: Callable[[], EngineStats | None], remote_url: Callable[[], str]
@@ -103,17 +107,24 @@ class SlotMonitor(Vertical):
         yield Sparkline(list(self._rates), summary_function=max)
         yield Label("", id="summary")
         yield Label(LEGEND, id="legend")
-        yield Label("", id="remote")
+        yield Label("", id="remote", classes="empty")
 
     def on_mount(self) -> None:
+        self.fit(self.app.size.height)
         self.set_interval(REFRESH_S, self.refresh_stats)
         self.set_interval(REMOTE_REFRESH_S, self.refresh_remote)
+
+    def fit(self, rows: int) -> None:
+        """The compact form on a short terminal: every running slot's row still shows."""
+        self.set_class(rows < self.COMPACT_BELOW, "compact")
 
     async def refresh_remote(self) -> None:
         """For a pane that talks to another server: what that server's /slots reports."""
         url = self._remote_url() if self.has_class("visible") else ""
         text = f"remote {await remote_slots(url)}" if url else ""
-        self.query_one("#remote", Label).update(text)
+        label = self.query_one("#remote", Label)
+        label.update(text)
+        label.set_class(not text, "empty")
 
     def refresh_stats(self) -> None:
         stats = self._stats()
