@@ -204,3 +204,30 @@ async def test_the_monitor_shows_running_slots_on_an_80x24_terminal(env):
         for pane in screen.panes:
             pane.stop()
         await wait_for(pilot, lambda: not any(p.busy for p in screen.panes))
+
+
+async def test_pasted_lines_stay_lines_in_the_transcript(env):
+    from lucedesk.tui.widgets.message_view import MessageView
+
+    app = make_app(env)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await started(pilot)
+        pane = screen.panes[0]
+        pane.session.max_tokens = 2
+        pasted = "def add(a, b):\n    return a + b\nprint(add(1, 2))"
+        box = pane.query_one(ChatInput)
+        box.focus()
+        box.insert(pasted)  # a paste goes into the input as it is
+        await pane.on_prompt_submitted(PromptSubmitted(box.text))
+        await wait_for(pilot, lambda: len(pane.session.messages) == 2 and not pane.busy)
+        view = next(v for v in pane.query(MessageView) if v.role == "user")
+        await pilot.pause(0.1)
+        assert view.size.height >= 1 + 3  # its title, then each line on its own (Markdown
+        # joined them into one paragraph)
+        typed = view.query_one(".typed")
+        lines = [line.text.strip() for line in typed.render_lines(typed.region.reset_offset)]
+        assert [line for line in lines if line] == [
+            "def add(a, b):",
+            "return a + b",
+            "print(add(1, 2))",
+        ]

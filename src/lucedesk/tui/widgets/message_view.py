@@ -24,6 +24,7 @@ class MessageView(Vertical):
     MessageView.user > Label { color: $accent; }
     MessageView.assistant > Label { color: $success; }
     MessageView > Markdown { margin: 0; padding: 0 1; }
+    MessageView > .typed { padding: 0 1; }
     MessageView > Collapsible { margin: 0; padding: 0; border: none; }
     MessageView .reasoning { color: $text-muted; padding: 0 1; }
     """
@@ -44,7 +45,10 @@ class MessageView(Vertical):
         yield Label(self.title)
         if self.reasoning:
             yield self._reasoning_block()
-        yield Markdown(self.content)
+        if self.role == "user":  # as typed or pasted, every line its own (not Markdown's)
+            yield Static(self.content, classes="typed", markup=False)
+        else:
+            yield Markdown(self.content)
 
     def _reasoning_block(self) -> Collapsible:
         return Collapsible(
@@ -101,9 +105,13 @@ class MessageView(Vertical):
         if self._stream is not None:  # what streams next goes after the new text
             await self._stream.stop()
             self._stream = None
-        if self.is_attached:  # not once the app is quitting
-            await self.markdown.update(text)
-            self._rendered_at = time.monotonic()
+        if not self.is_attached:  # the app is quitting
+            return
+        if self.role == "user":
+            self.query_one(".typed", Static).update(text)
+            return
+        await self.markdown.update(text)
+        self._rendered_at = time.monotonic()
 
     async def finish(self, note: str | None = None) -> None:
         await self._render_pending()
