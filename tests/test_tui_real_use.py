@@ -231,3 +231,38 @@ async def test_pasted_lines_stay_lines_in_the_transcript(env):
             "return a + b",
             "print(add(1, 2))",
         ]
+
+
+async def test_quitting_while_replies_and_an_http_stream_run_ends_them_cleanly(env):
+    """Ctrl+Q stops generation first, so an open HTTP stream ends as a stream ends (the
+    server stopped first had waited for it, then cut it: a blank screen for seconds)."""
+    import threading
+
+    import httpx
+
+    app = make_app(env, http=True)
+    got: list[str] = []
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await started(pilot)
+        await screen.run_action("split")
+        await pilot.pause()
+        for pane in screen.panes:
+            await long_reply(pane)
+        url = app.host.url
+
+        def stream() -> None:
+            body = {"model": "default", "stream": True, "max_tokens": 900, "ignore_eos": True}
+            body["messages"] = [{"role": "user", "content": "count on"}]
+            with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=30) as r:
+                for line in r.iter_lines():
+                    got.append(line)
+
+        client = threading.Thread(target=stream)
+        client.start()
+        await wait_for(pilot, lambda: decoding(app) == 3)
+        engine = app.host.engine
+        await press_soon(pilot, "ctrl+q")
+    client.join(10)
+    assert not client.is_alive()
+    assert [line for line in got if line][-1] == "data: [DONE]"  # ended, not cut
+    assert not engine.running and engine._thread is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from lucedesk.engine import BuiltEngine, ChatMessage
@@ -304,7 +305,6 @@ def show_profiles(args: argparse.Namespace) -> int:
 
 
 def serve(args: argparse.Namespace) -> int:
-    import os
 
     from lucedesk.engine import EngineNotReady
     from lucedesk.server import allowed_hosts_for, check_host, create_app, start_server
@@ -403,4 +403,9 @@ def tui(args: argparse.Namespace) -> int:
         mcp_config=None if args.no_mcp else Path(args.mcp_config or default_mcp_config_path()),
     )
     app.run()
-    return app.return_code or 0
+    # Everything is closed by now (generation stopped, the server and the store closed):
+    # the interpreter's own teardown of torch and the model, a second more of a blank
+    # terminal, is skipped.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(app.return_code or 0)

@@ -236,8 +236,10 @@ class EngineHost:
             torch.cuda.empty_cache()
 
     def stop(self) -> None:
+        """Generation first (every request cancelled, so open HTTP streams end at once),
+        then the server: stopped the other way round it waited for those streams."""
+        if self.built is not None:
+            self.built.engine.shutdown()
         if self.server is not None:
             self.server.stop()
             self.server = None
-        if self.built is not None:
-            self.built.engine.shutdown()

@@ -31,8 +31,13 @@ class KeptLog(logging.Handler):
             shown(line)
 
     def install(self) -> None:
-        logging.getLogger("lucedesk").addHandler(self)
+        """Kept here, and not written to the terminal the TUI draws on."""
+        root = logging.getLogger("lucedesk")
+        root.addHandler(self)
+        root.propagate = False
         logging.getLogger("lucedesk.access").setLevel(logging.INFO)
 
     def remove(self) -> None:
-        logging.getLogger("lucedesk").removeHandler(self)
+        root = logging.getLogger("lucedesk")
+        root.removeHandler(self)
+        root.propagate = True
