@@ -108,6 +108,7 @@ async def test_an_edit_waits_for_approval_in_a_dialog(env):
 
         await wait_for(pilot, lambda: isinstance(app.screen, ApprovalDialog))
         assert "+hi" in app.screen.request.detail and not (workspace / "new.txt").exists()
+        await wait_for(pilot, lambda: pane.header_text().startswith("● waiting for approval"))
         await pilot.press("y")
         await wait_for(pilot, lambda: not pane.busy)
         assert (workspace / "new.txt").read_text() == "hi\n"

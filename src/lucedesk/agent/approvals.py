@@ -33,9 +33,12 @@ class Approvals:
     ask: Ask | None = None  # None: what is not allowed up front is refused
     review_split: ReviewSplit | None = None  # None: a /fanout split runs as the model wrote it
 
+    def allowed(self, request: ApprovalRequest) -> bool:
+        """Allowed up front: no one is asked."""
+        return self.allow_edits if request.kind == "edit" else self.allow_commands
+
     async def approve(self, request: ApprovalRequest) -> bool:
-        allowed = self.allow_edits if request.kind == "edit" else self.allow_commands
-        if allowed:
+        if self.allowed(request):
             return True
         if self.ask is None:
             return False

@@ -201,7 +201,7 @@ class McpHub:
             if not server.trust:
                 detail = json.dumps(args, indent=1)
                 request = ApprovalRequest("command", ctx.session.title, name, where, detail)
-                if not await ctx.approvals.approve(request):
+                if not await ctx.approve(request):
                     raise ToolError(f"the user declined to run {where}")
             try:
                 result = await session.call_tool(tool.name, args, self.call_timeout)

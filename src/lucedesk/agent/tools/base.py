@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Literal
 from lucedesk.agent.tool_error import ToolError
 
 if TYPE_CHECKING:
-    from lucedesk.agent.approvals import Approvals
+    from lucedesk.agent.approvals import ApprovalRequest, Approvals
     from lucedesk.agent.session import AgentSession
     from lucedesk.agent.workspace import Workspace
 
@@ -29,6 +29,18 @@ class ToolContext:
     workspace: Workspace
     approvals: Approvals
     session: AgentSession
+
+    async def approve(self, request: ApprovalRequest) -> bool:
+        """The user's yes or no; meanwhile the session says it waits for it."""
+        phase = getattr(self.session, "phase", None)
+        set_phase = getattr(self.session, "set_phase", None)
+        if set_phase is not None and not self.approvals.allowed(request):
+            set_phase("waiting for approval")
+        try:
+            return await self.approvals.approve(request)
+        finally:
+            if set_phase is not None and phase is not None and self.session.phase != phase:
+                set_phase(phase)
 
 
 Handler = Callable[[ToolContext, dict], Awaitable[str]]

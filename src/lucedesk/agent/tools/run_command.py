@@ -59,7 +59,7 @@ async def run_command(ctx: ToolContext, args: dict) -> str:
     request = ApprovalRequest(
         "command", ctx.session.title, "run_command", f"run: {command}", command
     )
-    if not await ctx.approvals.approve(request):
+    if not await ctx.approve(request):
         raise ToolError(f"the user declined to run: {command}")
     proc = await asyncio.create_subprocess_shell(
         command,

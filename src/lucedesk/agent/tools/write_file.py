@@ -55,7 +55,7 @@ async def apply_change(ctx: ToolContext, tool: str, real: Path, before: str, aft
         raise ToolError(f"path: {shown} is inside .git; lucedesk does not write there")
     verb = "edit" if real.exists() else "create"
     request = ApprovalRequest("edit", ctx.session.title, tool, f"{verb} {shown}", diff)
-    if not await ctx.approvals.approve(request):
+    if not await ctx.approve(request):
         raise ToolError(f"the user declined to {verb} {shown}")
     if not await asyncio.to_thread(write_if_unchanged, ctx.workspace, real, before, after):
         # another edit landed while this one waited for its approval: writing now would undo it
