@@ -266,3 +266,38 @@ async def test_quitting_while_replies_and_an_http_stream_run_ends_them_cleanly(e
     assert not client.is_alive()
     assert [line for line in got if line][-1] == "data: [DONE]"  # ended, not cut
     assert not engine.running and engine._thread is None
+
+
+async def test_f2_and_a_click_leave_the_sidebar_its_keys(env):
+    from lucedesk.tui.screens.dialogs import TextDialog
+    from lucedesk.tui.widgets.session_list import SessionList
+
+    app = make_app(env)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await started(pilot)
+        pane = screen.panes[0]
+        pane.session.max_tokens = 2
+        await pane.send("first chat")
+        await wait_for(pilot, lambda: len(pane.session.messages) == 2 and not pane.busy)
+        first = pane.session.id
+        await screen.run_action("new_session")
+        pane.session.max_tokens = 2
+        await pane.send("second chat")
+        await wait_for(pilot, lambda: len(pane.session.messages) == 2 and not pane.busy)
+        tree = screen.query_one(SessionList)
+        await wait_for(pilot, lambda: tree.node_of(first) is not None)
+        await pilot.press("ctrl+b")  # hidden; F2 shows it and takes the focus
+        assert not tree.display
+        await pilot.press("f2")
+        assert tree.display and tree.has_focus
+        await pilot.press("f6")
+        assert pane.query_one(ChatInput).has_focus
+        await pilot.click(SessionList, offset=(4, tree.node_of(first).line + 1))
+        await wait_for(pilot, lambda: pane.session.id == first)
+        assert tree.has_focus  # a click leaves the focus in the sidebar...
+        await pilot.press("r")  # ...so its keys work: r renames, it types nothing
+        await wait_for(pilot, lambda: isinstance(app.screen, TextDialog))
+        assert pane.query_one(ChatInput).text == ""
+        await pilot.press("escape")
+        keys = "\n".join(str(b.description) for b in screen.BINDINGS if b.key == "f2")
+        assert keys == "Sessions"  # listed by F1, which is written from the bindings

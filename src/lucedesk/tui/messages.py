@@ -18,9 +18,11 @@ class PromptSubmitted(Message):
 
 @dataclass
 class SessionChosen(Message):
-    """A session was picked in the sidebar."""
+    """A session was picked in the sidebar: by a click (the focus stays there, for its own
+    keys: r, Delete) or by Enter (typing goes on in the pane)."""
 
     session_id: int
+    clicked: bool = False
 
 
 @dataclass

@@ -19,6 +19,7 @@ from lucedesk.tui.messages import (
     SessionRenameAsked,
     SessionsChanged,
 )
+from lucedesk.tui.screens import sidebar_actions
 from lucedesk.tui.screens.keys import KeysScreen
 from lucedesk.tui.slash import COMMANDS
 from lucedesk.tui.widgets.chat_input import ChatInput
@@ -43,6 +44,7 @@ class MainScreen(Screen):
         Binding("f6", "next_pane", "Next pane", priority=True),
         Binding("ctrl+g", "toggle_monitor", "Monitor", priority=True),
         Binding("ctrl+b", "toggle_sidebar", "Sidebar", priority=True),
+        Binding("f2", "focus_sidebar", "Sessions", priority=True),
         Binding("ctrl+r", "regenerate", "Regenerate", priority=True),
         Binding("ctrl+y", "copy_reply", "Copy reply", show=False, priority=True),
         Binding("ctrl+f", "fanout", "Fan out", priority=True),
@@ -198,47 +200,10 @@ class MainScreen(Screen):
         self.save_layout()
 
     def on_session_rename_asked(self, message: SessionRenameAsked) -> None:
-        from lucedesk.tui.screens.dialogs import TextDialog
-
-        session = self.app.store.session(message.session_id)
-        if session is None:
-            return
-
-        def renamed(title: str | None) -> None:
-            if not title or not title.strip():
-                return
-            for s in [session, *(p.session for p in self.panes if p.session.id == session.id)]:
-                s.title = title.strip()[:60]
-            self.app.store.update_session(session)
-            for pane in self.panes:
-                pane.refresh_header()
-            self.refresh_sessions()
-
-        self.app.push_screen(TextDialog("Rename the session", session.title), renamed)
+        sidebar_actions.rename(self, message.session_id)
 
     def on_session_delete_asked(self, message: SessionDeleteAsked) -> None:
-        from lucedesk.tui.screens.dialogs import ConfirmDialog
-
-        session = self.app.store.session(message.session_id)
-        if session is None:
-            return
-        if self.app.agents.running(session.id):
-            self.app.notify("That session is running; Esc stops it first.", severity="warning")
-            return
-        question = f"Delete {session.title!r} and its subagents' sessions? This cannot be undone."
-
-        async def answered(choice: str | None) -> None:
-            if choice != "delete":
-                return
-            self.app.store.delete_session(session.id)
-            self.app.agents.live.pop(session.id, None)
-            for pane in self.panes:  # a pane showing it (or one of its children) starts anew
-                if self.app.store.session(pane.session.id) is None:
-                    await pane.show_session(self.new_session(UNTITLED))
-            self.refresh_sessions()
-            self.app.notify(f"Deleted {session.title!r}.")
-
-        self.app.push_screen(ConfirmDialog(question, [("delete", "Delete")]), answered)
+        sidebar_actions.delete(self, message.session_id)
 
     async def on_agent_update(self, message: AgentUpdate) -> None:
         """An agent did something: the pane showing its session renders it; the sidebar
@@ -264,7 +229,8 @@ class MainScreen(Screen):
             return
         shown = next((p for p in self.panes if p.session.id == target.id), None)
         if shown is not None:
-            shown.focus_input()
+            if not message.clicked:
+                shown.focus_input()
             return
         if pane is not None and pane.busy and len(self.panes) < MAX_PANES:
             await self.add_pane(target)  # the busy pane goes on; this opens beside it
@@ -275,7 +241,10 @@ class MainScreen(Screen):
             )
             return
         await pane.show_session(target)
-        pane.focus_input()
+        if message.clicked:
+            self.active = pane  # shown there; the focus stays in the sidebar for its keys
+        else:
+            pane.focus_input()
 
     # -- actions ----------------------------------------------------------------------------
 
@@ -336,6 +305,15 @@ class MainScreen(Screen):
         if not sidebar.display and sidebar.has_focus:
             self.action_next_pane()
         self.save_layout()
+
+    def action_focus_sidebar(self) -> None:
+        """F2: the sessions sidebar takes the focus (shown first if hidden): arrows move,
+        Enter opens, r renames, Delete deletes; F6 goes back to a pane."""
+        sidebar = self.query_one(SessionList)
+        if not sidebar.display:
+            sidebar.display = True
+            self.save_layout()
+        self.set_focus(sidebar)
 
     def action_keys(self) -> None:
         self.app.push_screen(KeysScreen(self.BINDINGS, COMMANDS))

@@ -43,12 +43,13 @@ class SessionList(Tree[int]):
     def __init__(self, phase: Callable[[int], str | None], **kwargs) -> None:
         super().__init__("sessions", **kwargs)
         self.border_title = "sessions"
-        self.border_subtitle = "r rename · Del delete"
+        self.border_subtitle = "F2 · r rename · Del delete"
         self.tooltip = LEGEND
         self.show_root = False
         self.guide_depth = 2
         self._phase = phase  # a running session's phase, by id (None when it is not running)
         self._shape: list[tuple[int, int | None]] = []
+        self._clicked = False
 
     def label(self, s: Session) -> Text:
         phase = self._phase(s.id)
@@ -110,7 +111,11 @@ class SessionList(Tree[int]):
         if node is not None and node.data is not None:
             self.post_message(SessionDeleteAsked(node.data))
 
+    def on_click(self, event) -> None:
+        self._clicked = True  # the node this click selects is chosen by the mouse
+
     def on_tree_node_selected(self, event: Tree.NodeSelected) -> None:
         event.stop()
+        clicked, self._clicked = self._clicked, False
         if event.node.data is not None:
-            self.post_message(SessionChosen(event.node.data))
+            self.post_message(SessionChosen(event.node.data, clicked))
