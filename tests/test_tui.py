@@ -225,7 +225,7 @@ async def test_fanout_splits_runs_children_at_once_then_synthesizes(env, monkeyp
         split, *results, synthesis = pane.session.messages[1:]
         assert [c["name"] for c in split["meta"]["tool_calls"]] == ["task"] * 3
         shown = [v.content for v in pane.query(MessageView) if v.role == "assistant"]
-        assert "Splitting into 3 subagents." in shown  # the split's JSON, replaced
+        assert "Split into 3 subtasks:\n\n## first\nfruit" in shown[0]  # its JSON, replaced
         assert [r["role"] for r in results] == ["tool"] * 3
         assert all(not r["meta"]["error"] for r in results)
         assert synthesis["role"] == "assistant" and synthesis["status"] == "done"

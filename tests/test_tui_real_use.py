@@ -301,3 +301,56 @@ async def test_f2_and_a_click_leave_the_sidebar_its_keys(env):
         await pilot.press("escape")
         keys = "\n".join(str(b.description) for b in screen.BINDINGS if b.key == "f2")
         assert keys == "Sessions"  # listed by F1, which is written from the bindings
+
+
+def test_export_names_are_clean_slugs():
+    from lucedesk.export import slug
+
+    assert slug("Name three planets?") == "name-three-planets"
+    assert slug("  Résumé: list the files!!") == "resume-list-the-files"
+    assert slug("日本語") == "session" and slug("") == "session"
+    assert slug("a" * 100) == "a" * 60
+
+
+async def test_an_export_is_named_by_its_title(env):
+    app = make_app(env)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await started(pilot)
+        pane = screen.panes[0]
+        pane.session.max_tokens = 2
+        await pane.send("Name three planets?")
+        await wait_for(pilot, lambda: len(pane.session.messages) == 2 and not pane.busy)
+        assert pane.export().name == f"name-three-planets-{pane.session.id}.md"
+
+
+async def test_a_fanout_split_shows_its_progress_then_the_split_never_its_json(env, monkeypatch):
+    from lucedesk.agent import children as agent_children
+    from lucedesk.tui.screens.dialogs import SplitDialog
+    from lucedesk.tui.widgets.message_view import MessageView
+
+    monkeypatch.setattr(agent_children, "SUBTASK_TITLE_CHARS", 8)
+    monkeypatch.setattr(agent_children, "SUBTASK_CHARS", 24)
+    shown: list[str] = []
+    append, replace = MessageView.append, MessageView.replace
+
+    async def appended(self, text):
+        shown.append(self.content + text)
+        return await append(self, text)
+
+    async def replaced(self, text):
+        shown.append(text)
+        return await replace(self, text)
+
+    monkeypatch.setattr(MessageView, "append", appended)
+    monkeypatch.setattr(MessageView, "replace", replaced)
+    app = make_app(env, slots=4)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await started(pilot)
+        pane = screen.panes[0]
+        pane.session.max_tokens = 40
+        await pane.on_prompt_submitted(PromptSubmitted("/fanout 2 list some ideas"))
+        await wait_for(pilot, lambda: isinstance(app.screen, SplitDialog), 60)
+        assert any(t.startswith("Splitting the task into 2 subtasks… ") for t in shown)
+        assert not any('"subtasks"' in t or '"title"' in t for t in shown)  # no raw JSON
+        await press_soon(pilot, "n")  # declined: nothing runs
+        await wait_for(pilot, lambda: not pane.busy)

@@ -262,11 +262,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "pull":
-            from lucedesk.commands import pull
+            from lucedesk.commands.models import pull
 
             return pull(args)
         if args.command == "models":
-            from lucedesk.commands import list_models
+            from lucedesk.commands.models import list_models
 
             return list_models(args)
         if args.command == "run":

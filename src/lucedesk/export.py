@@ -18,6 +18,18 @@ def export_dir() -> Path:
     return Path(platformdirs.user_documents_dir()) / "lucedesk"
 
 
+def slug(title: str, limit: int = 60) -> str:
+    """A title as a file name: lower-case words joined by dashes, accents off, nothing else
+    ("Name three planets?" -> "name-three-planets")."""
+    import re
+    import unicodedata
+
+    ascii_text = unicodedata.normalize("NFKD", title).encode("ascii", "ignore").decode()
+    words = re.findall(r"[a-z0-9]+", ascii_text.lower())
+    text = "-".join(words)[:limit].strip("-")
+    return text or "session"
+
+
 def export_markdown(session: Session) -> str:
     """The conversation as Markdown: replies with their reasoning folded, every tool call
     with its arguments and result."""

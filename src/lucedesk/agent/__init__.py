@@ -14,6 +14,7 @@ from __future__ import annotations
 from lucedesk.agent.agent_types import AGENT_TYPES, SWITCHES, TASK_TYPES, AgentType
 from lucedesk.agent.approvals import ApprovalRequest, Approvals
 from lucedesk.agent.backend import Backend, EngineBackend, OpenAIBackend
+from lucedesk.agent.children import split_progress, split_text
 from lucedesk.agent.events import (
     AgentEvent,
     ChildStarted,
@@ -58,6 +59,8 @@ __all__ = [
     "ToolError",
     "ToolSpec",
     "Workspace",
+    "split_progress",
+    "split_text",
     "run_to_answer",
     "tools_for",
 ]

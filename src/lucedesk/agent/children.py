@@ -120,6 +120,20 @@ async def fanout(
     return await session.guarded(lambda: _split_run_synthesize(session, count, type_name))
 
 
+def split_text(subtasks: list[dict]) -> str:
+    """A split as people read (and edit) it: each subtask a `## title` line, then its task."""
+    return "\n\n".join(f"## {t['title']}\n{t['task']}" for t in subtasks)
+
+
+def split_progress(meta: dict, content: str) -> str | None:
+    """What a split reply shows while its JSON streams in (None: not a split reply)."""
+    count = meta.get("split")
+    if not count:
+        return None
+    written = content.count('"task"')
+    return f"Splitting the task into {count} subtasks… {min(written, count)} of {count} written"
+
+
 async def _split_run_synthesize(session: AgentSession, count: int, type_name: str) -> AgentResult:
     session.set_phase("splitting the task", "running")
     split = await session.model_turn(
@@ -128,6 +142,7 @@ async def _split_run_synthesize(session: AgentSession, count: int, type_name: st
         response_format=Grammar.json_schema(split_schema(count)),
         # room for N subtasks at their longest (byte-level tokens included)
         max_tokens=count * (SUBTASK_TITLE_CHARS + SUBTASK_CHARS) * 4 + 64,
+        reply_meta={"split": count},  # its JSON streams in: shown as progress (split_progress)
     )
     if split.finish == "error":
         session.set_phase("error", "error")
@@ -158,7 +173,8 @@ async def _split_run_synthesize(session: AgentSession, count: int, type_name: st
         for t in subtasks
     ]
     meta = {"tool_calls": [c.to_dict() for c in calls]}
-    session.store.update_reply(reply, f"Splitting into {count} subagents.", "done", meta)
+    shown = f"Split into {count} subtasks:\n\n{split_text(subtasks)}"
+    session.store.update_reply(reply, shown, "done", meta)
     session.runtime.emit(MessageDone(session, reply))
     await run_calls(session, calls, {"task": FANOUT})
     result = await session.model_turn(ToolChoice("none"), tools_on=False)

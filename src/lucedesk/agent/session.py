@@ -238,14 +238,17 @@ class AgentSession:
         response_format: Grammar | None = None,
         max_tokens: int | None = None,
         continued: dict | None = None,
+        reply_meta: dict | None = None,
     ) -> TurnResult:
+        """One model turn into a new reply (`reply_meta`: what the reply's meta starts with)
+        or, `continued`, on from a reply cut short."""
         tools = self.tools() if tools_on else []
         if continued is not None:  # the text as the template keeps it (trailing space trimmed)
             continued["content"] = continued["content"].rstrip()
         req = self.turn_request(choice, tools, response_format, max_tokens)
         s = self.record
         if continued is None:
-            reply = self.store.begin_reply(s)
+            reply = self.store.begin_reply(s, reply_meta)
             self.runtime.emit(MessageAdded(self, reply))
         else:
             req.continue_final = True
@@ -273,7 +276,7 @@ class AgentSession:
             reply["meta"]["reasoning"] = reply["meta"].get("reasoning", "") + piece
             self.runtime.emit(ReasoningStreamed(self, reply, piece))
 
-        meta: dict = {}
+        meta: dict = dict(reply_meta or {})
         try:
             result = await self.runtime.backend.turn(req, self.owner, on_text, on_reasoning)
         except BaseException as exc:  # cancelled, or broken: keep what was written

@@ -184,9 +184,9 @@ class Store:
         session.messages.append(message)
         return message
 
-    def begin_reply(self, session: Session) -> dict:
+    def begin_reply(self, session: Session, meta: dict | None = None) -> dict:
         """The assistant's reply, saved (empty, streaming) before its first token."""
-        return self.add_message(session, "assistant", "", status="streaming")
+        return self.add_message(session, "assistant", "", status="streaming", meta=meta)
 
     def update_reply(
         self, reply: dict, content: str, status: str = "streaming", meta: dict | None = None

@@ -8,6 +8,8 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static, TextArea
 
+from lucedesk.agent import split_text
+
 
 class FanoutDialog(ModalScreen[tuple[int, str] | None]):
     """Ask for N and the task; dismisses with (N, task) or None."""
@@ -105,10 +107,6 @@ class TextDialog(ModalScreen[str | None]):
 
     def key_escape(self) -> None:
         self.dismiss(None)
-
-
-def split_text(subtasks: list[dict]) -> str:
-    return "\n\n".join(f"## {t['title']}\n{t['task']}" for t in subtasks)
 
 
 def parse_split(text: str) -> list[dict]:

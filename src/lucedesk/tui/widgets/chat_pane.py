@@ -14,21 +14,15 @@ from textual.css.query import NoMatches
 from textual.dom import NoScreen
 from textual.widgets import Label, Static
 
-from lucedesk.agent import (
-    AgentSession,
-    MessageAdded,
-    MessageDone,
-    PhaseChanged,
-    ReasoningStreamed,
-    TextStreamed,
-)
+from lucedesk.agent import AgentSession
 from lucedesk.engine import ToolChoice
-from lucedesk.export import export_dir, export_markdown
+from lucedesk.export import export_dir, export_markdown, slug
 from lucedesk.store import Session, message_notes
 from lucedesk.tui.messages import AgentUpdate, PromptSubmitted, SessionsChanged
 from lucedesk.tui.slash import run_command
 from lucedesk.tui.widgets.chat_input import ChatInput
 from lucedesk.tui.widgets.message_view import MessageView
+from lucedesk.tui.widgets.pane_updates import show_update, shown_text
 from lucedesk.tui.widgets.tool_call_view import ToolCallView
 
 UNTITLED = "New chat"
@@ -186,7 +180,7 @@ class ChatPane(Vertical, can_focus=False):
             notes = message_notes(m) if m.get("status") != "streaming" else []
             title = " · ".join([m["role"], *notes]) if notes else None
             reasoning = (m.get("meta") or {}).get("reasoning", "")
-            view = MessageView(m["role"], m["content"], title=title, reasoning=reasoning)
+            view = MessageView(m["role"], shown_text(m), title=title, reasoning=reasoning)
         if "id" in m:
             self.views[m["id"]] = view
         return view
@@ -295,56 +289,10 @@ class ChatPane(Vertical, can_focus=False):
         if message.event.session.id != self.session.id or self.gone:
             return  # another session's, or closing, or the app is quitting
         try:
-            await self._show_update(message.event)
+            await show_update(self, message.event)
         except NoMatches:
             if not self.gone:
                 raise
-
-    async def _show_update(self, event) -> None:
-        if isinstance(event, PhaseChanged):
-            self.refresh_header()
-        elif isinstance(event, MessageAdded):
-            if event.message["id"] in self.views:
-                return  # shown already: the pane opened after the message was added
-            view = self.view_for(event.message)
-            if view is not None:
-                await self.log_view.query("#welcome").remove()
-                if self.is_attached:
-                    await self.log_view.mount(view)
-                    self.follow()
-        elif isinstance(event, TextStreamed):
-            view = self.views.get(event.message["id"])
-            if isinstance(view, MessageView):
-                content = event.message["content"]
-                if view.title != view.role:  # written on (/continue): no longer cut short
-                    view.retitle(None)
-                if not content.startswith(view.content):
-                    # written on from its text trimmed (/continue): shown whole once
-                    await view.replace(content)
-                    self.follow()
-                # Only what the view lacks: one opened mid-reply showed the text so far.
-                elif (missing := content[len(view.content) :]) and await view.append(missing):
-                    self.follow()
-        elif isinstance(event, ReasoningStreamed):
-            view = self.views.get(event.message["id"])
-            if isinstance(view, MessageView):
-                await view.show_reasoning(event.message["meta"].get("reasoning", ""))
-        elif isinstance(event, MessageDone):
-            view = self.views.get(event.message["id"])
-            if isinstance(view, ToolCallView):
-                view.update_call(event.message)
-            elif isinstance(view, MessageView):
-                meta = event.message.get("meta") or {}
-                await view.finish(" · ".join(message_notes(event.message)) or None)
-                if not self.is_attached:
-                    return
-                if event.message["content"] and view.content != event.message["content"]:
-                    await view.replace(event.message["content"])
-                self.follow()
-                if meta.get("reasoning"):
-                    await view.show_reasoning(meta["reasoning"])
-                if not view.content and not meta.get("reasoning") and meta.get("tool_calls"):
-                    await view.remove()  # the calls follow, each in its own block
 
     def stop(self, take_back: bool = True) -> bool:
         """Esc: cancel this pane's agent (a child shown here: that child alone, with its own
@@ -397,8 +345,7 @@ class ChatPane(Vertical, can_focus=False):
     def export(self) -> Path:
         folder = export_dir()
         folder.mkdir(parents=True, exist_ok=True)
-        safe = "".join(c if c.isalnum() or c in "-_ " else "_" for c in self.session.title)
-        path = folder / f"{safe.strip() or 'session'}-{self.session.id}.md"
+        path = folder / f"{slug(self.session.title)}-{self.session.id}.md"
         path.write_text(export_markdown(self.session))
         return path
 
