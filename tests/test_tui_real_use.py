@@ -354,3 +354,38 @@ async def test_a_fanout_split_shows_its_progress_then_the_split_never_its_json(e
         assert not any('"subtasks"' in t or '"title"' in t for t in shown)  # no raw JSON
         await press_soon(pilot, "n")  # declined: nothing runs
         await wait_for(pilot, lambda: not pane.busy)
+
+
+async def test_commands_for_the_next_turn_run_while_a_reply_streams_and_a_refused_one_is_replaced(
+    env,
+):
+    from textual import events
+
+    app = make_app(env)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await started(pilot)
+        pane = screen.panes[0]
+        box = pane.query_one(ChatInput)
+        await long_reply(pane)
+        await wait_for(pilot, lambda: decoding(app) == 1)
+        box.text = "/max 200"
+        await pane.on_prompt_submitted(PromptSubmitted(box.text))
+        assert pane.session.max_tokens == 200 and box.text == ""  # applied, for the next
+        assert pane.busy  # the reply goes on
+        box.text = "/tool-choice foo"  # no such tool: refused, left to fix
+        await pane.on_prompt_submitted(PromptSubmitted(box.text))
+        assert "no tool 'foo'" in " ".join(n for n, _ in app.notices)
+        box.focus()
+        await pilot.pause()
+        for char in "Trains.":
+            app._driver.send_message(events.Key(char, char))
+        await wait_for(pilot, lambda: box.text == "Trains.")  # typed over it, never joined
+        box.text = "/tool-choice none"  # for the next message, not the running one
+        await pane.on_prompt_submitted(PromptSubmitted(box.text))
+        assert pane.next_choices is not None and pane.agent.tool_choices[0].mode == "auto"
+        pane.stop()
+        await wait_for(pilot, lambda: not pane.busy)
+        pane.session.max_tokens = 2
+        await pane.send("next")
+        assert pane.agent.tool_choices[0].mode == "none" and pane.next_choices is None
+        await wait_for(pilot, lambda: not pane.busy)

@@ -127,7 +127,8 @@ class EngineHost:
         self.model = self._first_model(progress)
         template = self._template(self.model)
         notice = kernel_build_notice(self.config)  # built while the model loads
-        progress(f"loading {self.model_name}" + (f"; {notice}" if notice else ""))
+        shown = self.model.name or self.model.path.name
+        progress(f"loading {shown}" + (f"; {notice}" if notice else ""))
         self.built = launch_engine(
             self.model.path, self.config, progress, self.model.name, template
         )

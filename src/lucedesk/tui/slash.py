@@ -61,8 +61,8 @@ async def tool_choice(pane: ChatPane, rest: str) -> None:
         choice = ToolChoice("function", rest)
     # the first turn takes the choice, the turns after it are free again (a forced call
     # held for every turn would never let the model answer)
-    pane.agent.tool_choices = [choice, ToolChoice()] if choice.mode != "auto" else [choice]
-    pane.app.notify(f"Tool choice for the next turn: {rest}.")
+    pane.next_choices = [choice, ToolChoice()] if choice.mode != "auto" else [choice]
+    pane.app.notify(f"Tool choice for the next message: {rest}.")
 
 
 async def system(pane: ChatPane, rest: str) -> None:

@@ -89,6 +89,8 @@ class ChatPane(Vertical, can_focus=False):
         self._starting = False  # a run is on its way to the agent (busy before it starts)
         self._take_back = True  # a run stopped before a word puts its question back
         self.closing = False  # being taken down (Ctrl+W): updates that arrive are dropped
+        # /tool-choice's choices for the next run (typed while one runs, they wait for it)
+        self.next_choices: list[ToolChoice] | None = None
 
     def compose(self) -> ComposeResult:
         yield Label(self.header_text(), id="header")
@@ -199,17 +201,21 @@ class ChatPane(Vertical, can_focus=False):
     async def on_prompt_submitted(self, message: PromptSubmitted) -> None:
         message.stop()
         text = message.text.strip()
+        box = self.query_one(ChatInput)
         if not text:
             self.app.notify("Type a message first.", severity="warning")
             return
+        if text.startswith("/"):  # those for the next turn run while one is answered too
+            if await run_command(self, text):
+                box.clear()
+            else:
+                box.select_all()  # left to fix; whatever is typed next replaces it
+            return
         if self.busy:
             self.app.notify("This pane is still answering; Esc stops it.", severity="warning")
+            box.select_all()
             return
-        if text.startswith("/"):
-            if await run_command(self, text):
-                self.query_one(ChatInput).clear()
-            return
-        self.query_one(ChatInput).clear()
+        box.clear()
         await self.send(text)
 
     async def send(self, text: str) -> None:
@@ -218,8 +224,13 @@ class ChatPane(Vertical, can_focus=False):
             s.title = title_from(text)
             self.app.store.update_session(s)
             self.refresh_header()
+        self._start(self.agent.send(text))
+
+    def _start(self, work, take_back: bool = True) -> None:
+        """A run of the agent: the tool choices /tool-choice set for it, else free."""
+        self.agent.tool_choices, self.next_choices = self.next_choices or [ToolChoice()], None
         self._starting = True
-        self.run_worker(self.run_agent(self.agent.send(text)), group="agent", exit_on_error=False)
+        self.run_worker(self.run_agent(work, take_back), group="agent", exit_on_error=False)
 
     def warn_without_tool_format(self) -> None:
         """Tools on a model whose chat template has no tool-call format of its own: said,
@@ -245,8 +256,7 @@ class ChatPane(Vertical, can_focus=False):
 
     def start_reply(self) -> None:
         """The agent works from the conversation as it stands."""
-        self._starting = True
-        self.run_worker(self.run_agent(self.agent.run()), group="agent", exit_on_error=False)
+        self._start(self.agent.run())
 
     async def run_agent(self, work, take_back: bool = True) -> None:
         agent = self.agent
@@ -258,7 +268,6 @@ class ChatPane(Vertical, can_focus=False):
         finally:
             self._starting = False
         result = await task
-        agent.tool_choices = [ToolChoice()]  # a /tool-choice holds for one message
         if result.status == "error":
             self.app.notify(f"{session.title}: {result.error}", severity="error", timeout=6)
         messages = session.messages
@@ -326,9 +335,7 @@ class ChatPane(Vertical, can_focus=False):
             raise ValueError("still answering; Esc stops it first")
         if self.agent.continuable() is None:
             raise ValueError("the last message is not a reply to continue")
-        self._starting = True
-        work = self.run_agent(self.agent.continue_reply(), take_back=False)
-        self.run_worker(work, group="agent", exit_on_error=False)
+        self._start(self.agent.continue_reply(), take_back=False)
 
     async def undo_regenerate(self) -> None:
         if self.busy:
@@ -367,9 +374,4 @@ class ChatPane(Vertical, can_focus=False):
             raise ValueError(f"N must be between 1 and {min(slots, children)}: {why}")
         if self.busy:
             raise ValueError("this pane is still answering; Esc stops it")
-        self._starting = True
-        self.run_worker(
-            self.run_agent(self.agent.fanout(count, task), take_back=False),
-            group="agent",
-            exit_on_error=False,
-        )
+        self._start(self.agent.fanout(count, task), take_back=False)

@@ -43,7 +43,7 @@ class SessionList(Tree[int]):
     def __init__(self, phase: Callable[[int], str | None], **kwargs) -> None:
         super().__init__("sessions", **kwargs)
         self.border_title = "sessions"
-        self.border_subtitle = "F2 · r rename · Del delete"
+        self.border_subtitle = "r rename · Del delete"
         self.tooltip = LEGEND
         self.show_root = False
         self.guide_depth = 2
