@@ -10,15 +10,10 @@ import anthropic
 import openai
 import pytest
 
+from tests.test_protocols_default_model import ASK, CITY  # the same question and schema
+
 pytestmark = pytest.mark.default_model
 
-CITY = {
-    "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 40}},
-    "required": ["city"],
-    "additionalProperties": False,
-}
-ASK = "What is the weather like in Paris right now?"
 CHAT_TOOL = {
     "type": "function",
     "function": {"name": "get_weather", "description": "The weather now", "parameters": CITY},

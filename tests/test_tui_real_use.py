@@ -34,6 +34,14 @@ async def long_reply(pane) -> None:
     await pane.send("a long answer please")
 
 
+async def short_reply(pilot, pane, text: str) -> None:
+    """A message answered in two tokens, waited for to its end."""
+    pane.session.max_tokens = 2
+    count = len(pane.session.messages)
+    await pane.send(text)
+    await wait_for(pilot, lambda: len(pane.session.messages) == count + 2 and not pane.busy)
+
+
 async def press_soon(pilot, *keys: str) -> None:
     """Keys pressed without waiting for the app to be idle (a streaming reply never is)."""
     task = asyncio.ensure_future(pilot.press(*keys))
@@ -276,14 +284,10 @@ async def test_f2_and_a_click_leave_the_sidebar_its_keys(env):
     async with app.run_test(size=SIZE) as pilot:
         screen = await started(pilot)
         pane = screen.panes[0]
-        pane.session.max_tokens = 2
-        await pane.send("first chat")
-        await wait_for(pilot, lambda: len(pane.session.messages) == 2 and not pane.busy)
+        await short_reply(pilot, pane, "first chat")
         first = pane.session.id
         await screen.run_action("new_session")
-        pane.session.max_tokens = 2
-        await pane.send("second chat")
-        await wait_for(pilot, lambda: len(pane.session.messages) == 2 and not pane.busy)
+        await short_reply(pilot, pane, "second chat")
         tree = screen.query_one(SessionList)
         await wait_for(pilot, lambda: tree.node_of(first) is not None)
         await pilot.press("ctrl+b")  # hidden; F2 shows it and takes the focus
@@ -317,9 +321,7 @@ async def test_an_export_is_named_by_its_title(env):
     async with app.run_test(size=SIZE) as pilot:
         screen = await started(pilot)
         pane = screen.panes[0]
-        pane.session.max_tokens = 2
-        await pane.send("Name three planets?")
-        await wait_for(pilot, lambda: len(pane.session.messages) == 2 and not pane.busy)
+        await short_reply(pilot, pane, "Name three planets?")
         assert pane.export().name == f"name-three-planets-{pane.session.id}.md"
 
 
