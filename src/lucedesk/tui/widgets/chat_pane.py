@@ -12,6 +12,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.css.query import NoMatches
 from textual.dom import NoScreen
+from textual.geometry import Size
 from textual.widgets import Label, Static
 
 from lucedesk.agent import AgentSession
@@ -63,6 +64,12 @@ class Transcript(VerticalScroll, can_focus=False):
             self.scroll_end(animate=False)
         else:
             self.parent.new_below(True)
+
+    def watch_virtual_size(self, old: Size, new: Size) -> None:
+        """A streamed reply's Markdown lays itself out after the write that fed it: while
+        following, the end is followed whenever the content grows, not only when told."""
+        if self.following and new.height > old.height:
+            self.scroll_end(animate=False)
 
     def jump_to_end(self) -> None:
         self.following = True
