@@ -23,6 +23,7 @@ from pathlib import Path
 
 from lucedesk import profile
 from lucedesk.catalog.resolve import resolve
+from lucedesk.chat import ChatEncoder
 from lucedesk.engine import SamplingParams, launch_engine
 
 RENAMES = [
@@ -54,7 +55,7 @@ def run_level(engine, chats: list[list[dict]], output_len: int, speculative: boo
     params = SamplingParams(max_tokens=output_len, temperature=0.0, speculative=speculative)
     before = engine.stats()
     started = time.perf_counter()
-    handles = [engine.submit(engine.encode_chat(c).token_ids, params) for c in chats]
+    handles = [engine.submit(ChatEncoder.of(engine).encode(c).token_ids, params) for c in chats]
     firsts: list[float] = [0.0] * len(handles)
     lasts: list[float] = [0.0] * len(handles)
 

@@ -1,4 +1,4 @@
-"""The memory estimate a model's fit is checked with (engine/memory.py) against what loading
+"""The memory estimate a model's fit is checked with (catalog/fit.py) against what loading
 it really takes: each model in a fresh process, the resident memory after the imports and
 after the engine is serving (weights in their final form, the KV pool, the kernels and the
 vocabulary warm-up), and the peak between.
@@ -38,11 +38,12 @@ def child(name: str, overrides: list[str]) -> dict:
     import torch  # noqa: F401  (every lucedesk process has it before a model loads)
 
     from lucedesk import profile
+    from lucedesk.catalog.fit import estimate
     from lucedesk.catalog.resolve import resolve
     from lucedesk.catalog.summary import summarize_path
     from lucedesk.engine import (
         available_memory,
-        estimate_memory,
+        dtype_name,
         launch_engine,
         resolve_device,
         resolve_dtype,
@@ -55,7 +56,7 @@ def child(name: str, overrides: list[str]) -> dict:
     summary = summarize_path(model.path)
     before, anon = status_bytes("VmRSS"), anonymous()
     free = available_memory(device, config.unified_memory)
-    need = estimate_memory(summary, config, device, dtype, free)
+    need = estimate(summary, config, device.type, dtype_name(dtype), free)
     started = time.perf_counter()
     built = launch_engine(model.path, config, name=model.name)
     if built.engine._warming is not None:
@@ -138,7 +139,7 @@ def main() -> None:
         command = "python bench/model_fit.py " + " ".join(sys.argv[1:])
         section = (
             f"{SECTION}\n\n"
-            "Before a model loads, lucedesk estimates what it will take (engine/memory.py: the\n"
+            "Before a model loads, lucedesk estimates what it will take (catalog/fit.py: the\n"
             "weights in the form the engine holds them, the KV pool, the profile's\n"
             "`activation_reserve_mb`) and refuses one that cannot fit. Measured against a real\n"
             "load, each model in a fresh process: the resident memory from after the imports\n"

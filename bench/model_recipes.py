@@ -1,6 +1,6 @@
 """Which quant `lucedesk pull ORG/REPO` (or `--model ORG/REPO`) takes for four models a
 Strix Halo or R9700 owner wants, under each profile, and what it needs: computed with the
-same code a pull runs (catalog/quants.py's choice, engine/memory.py's estimate) from the
+same code a pull runs (catalog/quants.py's choice, catalog/fit.py's estimate) from the
 repositories' published file sizes and the models' shapes below.
 
     .venv/bin/python bench/model_recipes.py [--write-docs]
@@ -12,12 +12,10 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
 from lucedesk import profile
+from lucedesk.catalog.fit import Fit
 from lucedesk.catalog.quants import Quant, choose_quant
 from lucedesk.catalog.summary import ModelSummary
-from lucedesk.engine import Fit
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "models.md"
 SECTION = "## What each profile takes of four larger models"
@@ -74,8 +72,7 @@ def summary(shape: dict, label: str, size: float) -> ModelSummary:
 
 def cell(name: str, device: str, free: int, shape: dict, sizes: dict) -> str:
     _, config, _ = profile.resolve(name)
-    dtype = torch.bfloat16
-    fit = Fit(config, torch.device(device), dtype, free)
+    fit = Fit(config, device, "bfloat16", free)
     quants = [Quant(label, (f"x-{label}.gguf",), int(size)) for label, size in sizes.items()]
     quants.sort(key=lambda q: q.size)
     chosen = choose_quant(quants, lambda q: fit(summary(shape, q.label, q.size)))

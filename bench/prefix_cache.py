@@ -17,8 +17,8 @@ from lucedesk import profile
 from lucedesk.bench.metrics import percentile, summarize
 from lucedesk.bench.offline import closed_loop, random_prompts
 from lucedesk.catalog.resolve import resolve
+from lucedesk.chat.encoder import encode_chat
 from lucedesk.engine.build import launch_engine
-from lucedesk.engine.chat_encoder import encode_chat
 from lucedesk.engine.request import SamplingParams
 
 

@@ -21,7 +21,8 @@ from pathlib import Path
 from lucedesk import profile
 from lucedesk.agent import AgentSession, MessageDone, TextStreamed
 from lucedesk.catalog.resolve import resolve
-from lucedesk.engine import TurnRequest, launch_engine, submit_turn
+from lucedesk.chat import Sampling, TurnRequest, submit_turn
+from lucedesk.engine import launch_engine
 from lucedesk.store import Store
 
 PROMPT = "Write a long story about a lighthouse keeper and a storm."
@@ -33,7 +34,8 @@ def forced_length(tokens: int):
 
     def turn_request(self, *args):
         req = original(self, *args)
-        req.ignore_eos, req.max_tokens, req.temperature = True, tokens, 0.0
+        s = req.sampling
+        s.ignore_eos, s.max_tokens, s.temperature = True, tokens, 0.0
         return req
 
     AgentSession.turn_request = turn_request
@@ -42,9 +44,7 @@ def forced_length(tokens: int):
 async def headless(engine, tokens: int) -> float:
     req = TurnRequest(
         messages=[{"role": "user", "content": PROMPT}],
-        max_tokens=tokens,
-        temperature=0.0,
-        ignore_eos=True,
+        sampling=Sampling(max_tokens=tokens, temperature=0.0, ignore_eos=True),
     )
     stamps: list[float] = []
     turn = submit_turn(engine, req, owner="bench")
@@ -74,7 +74,7 @@ async def in_tui(model: Path, overrides: list[str], tokens: int, monitor: bool) 
         def timed(event) -> None:
             if isinstance(event, TextStreamed):
                 stamps.append(time.perf_counter())
-            elif isinstance(event, MessageDone) and event.message["role"] == "assistant":
+            elif isinstance(event, MessageDone) and event.message.role == "assistant":
                 done.set()
             observe(event)
 

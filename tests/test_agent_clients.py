@@ -22,8 +22,8 @@ import pydantic
 import pytest
 import torch
 
-from lucedesk.engine.json_schema import LIMIT, check_value, grammar_schema
-from lucedesk.engine.models.chat import render_chat
+from lucedesk.chat.json_schema import LIMIT, check_value, grammar_schema
+from lucedesk.chat.template import render_chat
 from lucedesk.engine.models.loader import load_model
 from lucedesk.server import create_app, start_server
 from tests.conftest import write_tiny_model

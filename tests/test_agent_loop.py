@@ -26,7 +26,7 @@ from lucedesk.agent import (
     OpenAIBackend,
     Runtime,
 )
-from lucedesk.engine import ToolCall, ToolChoice, TurnRequest, TurnResult
+from lucedesk.chat import ToolCall, ToolChoice, TurnRequest, TurnResult
 from lucedesk.engine.models.loader import load_model
 from lucedesk.engine.request import SamplingParams
 from lucedesk.store import Store
@@ -244,7 +244,7 @@ async def test_three_task_calls_run_three_children_at_once(make):
             "done",
             "explore",
         )
-        assert [(m["role"], m["content"]) for m in s.messages] == [
+        assert [(m.role, m.content) for m in s.messages] == [
             ("user", f"find part {i}"),
             ("assistant", f"found part {i}"),
         ]
@@ -283,7 +283,7 @@ async def test_cancelling_the_parent_cancels_its_children(make, engine):
     assert all(h.backend.spans_of(c)[0].num_tokens < CHILD_TOKENS for c in h.children)
     reloaded = [h.store.session(s.id) for s in [parent, *h.children]]
     assert [s.status for s in reloaded] == ["cancelled"] * 4
-    assert all(m["status"] == "done" for s in reloaded for m in s.messages)
+    assert all(m.status == "done" for s in reloaded for m in s.messages)
     await until(lambda: engine.stats().num_running == 0 and engine.stats().num_waiting == 0, 5)
 
 
@@ -364,11 +364,11 @@ async def test_fanout_splits_runs_children_and_synthesizes(make):
     spans = [h.backend.spans_of(c)[0] for c in h.children]
     assert max(s.start for s in spans) < min(s.end for s in spans)
     stored = h.store.session(parent.id)
-    calls = stored.messages[1]["meta"]["tool_calls"]
+    calls = stored.messages[1].meta()["tool_calls"]
     assert [json.loads(c["arguments"])["prompt"] for c in calls] == [
         f"find part {i}" for i in range(3)
     ]
-    assert stored.status == "done" and stored.messages[-1]["content"] == "synthesis of three parts"
+    assert stored.status == "done" and stored.messages[-1].content == "synthesis of three parts"
 
 
 # -- the loop's limits and errors -----------------------------------------------------------
@@ -383,8 +383,8 @@ async def test_step_limit_stops_a_model_that_always_calls_a_tool(make):
     assert len(h.backend.requests) == 3
     stored = h.store.session(session.id)
     assert stored.status == "step_limit"
-    assert stored.messages[-1]["role"] == "assistant"
-    assert stored.messages[-1]["content"] == result.text
+    assert stored.messages[-1].role == "assistant"
+    assert stored.messages[-1].content == result.text
 
 
 async def test_bad_calls_get_clear_errors_and_the_session_goes_on(make):
@@ -414,8 +414,8 @@ async def test_bad_calls_get_clear_errors_and_the_session_goes_on(make):
         "error: offset: 'x' is not of type 'integer' (the arguments of read_file)"
     )
     assert seen["extra"].startswith("error: arguments: Additional properties are not allowed")
-    tools = [m for m in h.store.session(session.id).messages if m["role"] == "tool"]
-    assert all(m["meta"]["error"] is True and m["status"] == "done" for m in tools)
+    tools = [m for m in h.store.session(session.id).messages if m.role == "tool"]
+    assert all(m.meta()["error"] is True and m.status == "done" for m in tools)
 
 
 async def test_a_path_outside_the_workspace_is_refused_through_the_loop(make):
@@ -474,18 +474,18 @@ async def test_everything_is_persisted_as_it_happens(make, tmp_path):
         reopened.close()
     assert stored.status == "done"
     user, asked, tool, final = stored.messages
-    assert (user["role"], user["content"]) == ("user", "what is here?")
-    assert (asked["role"], asked["content"]) == ("assistant", "Looking.")
-    assert asked["meta"]["tool_calls"] == [{"id": "ls", "name": "list_dir", "arguments": "{}"}]
-    assert tool["role"] == "tool" and "notes.txt" in tool["content"]
-    assert tool["meta"] == {
+    assert (user.role, user.content) == ("user", "what is here?")
+    assert (asked.role, asked.content) == ("assistant", "Looking.")
+    assert asked.meta()["tool_calls"] == [{"id": "ls", "name": "list_dir", "arguments": "{}"}]
+    assert tool.role == "tool" and "notes.txt" in tool.content
+    assert tool.meta() == {
         "tool_call_id": "ls",
         "name": "list_dir",
         "arguments": "{}",
         "error": False,
     }
-    assert (final["role"], final["content"]) == ("assistant", "notes.txt holds the launch code")
-    assert all(m["status"] == "done" for m in stored.messages)
+    assert (final.role, final.content) == ("assistant", "notes.txt holds the launch code")
+    assert all(m.status == "done" for m in stored.messages)
 
 
 async def test_a_crash_mid_tool_leaves_it_interrupted(make, tmp_path):
@@ -526,7 +526,7 @@ async def test_a_crash_mid_tool_leaves_it_interrupted(make, tmp_path):
     finally:
         beside.close()
     assert stored.status == "interrupted"
-    assert [m["status"] for m in stored.messages] == ["done", "done", "interrupted"]
+    assert [m.status for m in stored.messages] == ["done", "done", "interrupted"]
 
     session.cancel()
     assert (await run).status == "cancelled"
@@ -566,15 +566,15 @@ async def test_openai_backend_runs_a_tool_loop_against_lucedesk_serve(serve, tmp
     assert result.status == "done" and result.text.strip()
     assert stored.status == "done"
     user, asked, tool, final = stored.messages
-    [made] = asked["meta"]["tool_calls"]
+    [made] = asked.meta()["tool_calls"]
     assert made["name"] == "list_dir" and isinstance(json.loads(made["arguments"]), dict)
-    assert tool["status"] == "done" and tool["content"]
-    assert tool["meta"]["tool_call_id"] == made["id"] and tool["meta"]["name"] == "list_dir"
-    assert final["content"] == result.text and "tool_calls" not in final["meta"]
+    assert tool.status == "done" and tool.content
+    assert tool.meta()["tool_call_id"] == made["id"] and tool.meta()["name"] == "list_dir"
+    assert final.content == result.text and "tool_calls" not in final.meta()
     first, second = backend.requests
     assert first.tool_choice == ToolChoice("function", "list_dir")
     assert second.tool_choice == ToolChoice("none")
-    assert results(second) == {made["id"]: tool["content"]}
+    assert results(second) == {made["id"]: tool.content}
 
 
 # -- cancels at the edges: before a run starts, before a child begins ---------------------

@@ -8,7 +8,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import mcp.types as mt
 import pytest
@@ -116,7 +115,7 @@ def tool(hub: McpHub, name: str):
 
 
 def context(tmp_path: Path, approvals: Approvals) -> ToolContext:
-    return ToolContext(Workspace(tmp_path), approvals, SimpleNamespace(title="mcp test"))
+    return ToolContext(Workspace(tmp_path), approvals, "mcp test")
 
 
 @in_module_loop

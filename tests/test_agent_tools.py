@@ -46,7 +46,7 @@ def ws(tmp_path) -> Path:
 
 
 def context(root: Path, approvals: Approvals | None = None) -> ToolContext:
-    return ToolContext(Workspace(root), approvals or Approvals(), SimpleNamespace(title="tools"))
+    return ToolContext(Workspace(root), approvals or Approvals(), "tools")
 
 
 class Recorder:
@@ -720,13 +720,14 @@ async def test_a_folder_swapped_for_a_link_is_never_listed_through_it(ws, tool, 
 
 async def test_a_file_that_vanishes_mid_call_is_a_tool_error_naming_it(ws, monkeypatch):
     from lucedesk.agent.tool_runner import call_tool
-    from lucedesk.engine import ToolCall
+    from lucedesk.chat import ToolCall
 
     session = SimpleNamespace(
         workspace=Workspace(ws),
         runtime=SimpleNamespace(approvals=Approvals()),
         title="tools",
         tools=lambda: list(TOOLS.values()),
+        run_child=None,
     )
     is_dir = Path.is_dir
 

@@ -14,14 +14,16 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from gguf import GGMLQuantizationType as Q
 
 from lucedesk import profile
+from lucedesk.catalog.fit import Fit
+from lucedesk.catalog.fit import estimate as estimate_memory
 from lucedesk.catalog.resolve import resolve
 from lucedesk.catalog.settings import chat_template
 from lucedesk.catalog.summary import ModelSummary, summarize_path
-from lucedesk.engine import ChatMessage, Fit, estimate_memory, launch_engine
+from lucedesk.chat import ChatEncoder, ChatMessage
+from lucedesk.engine import launch_engine, unreadable
 from lucedesk.errors import ConfigError
 from tests.gguf_writer import write_gguf
 
@@ -197,18 +199,18 @@ def test_the_estimate_counts_weights_as_held_kv_and_the_reserve():
         low_bit=True,
     )
     _, cpu, _ = profile.resolve("cpu", ["max_model_len=4096", "weights=q4"])
-    need = estimate_memory(summary, cpu, torch.device("cpu"), torch.bfloat16)
+    need = estimate_memory(summary, cpu, "cpu", "bfloat16")
     # the file's blocks less the embedding's share, the embedding in bf16, a 4-bit tied head
     assert need.weights == 600_000_000 - 6_000_000 + 20_000_000 + 5_625_000
     assert need.kv_tokens == 4096 and need.kv == 4096 * 2 * 10 * 2 * 64 * 2
     assert need.reserve == cpu.activation_reserve_mb << 20
     _, gpu, _ = profile.resolve("r9700")
-    held = estimate_memory(summary, gpu, torch.device("cuda"), torch.bfloat16)
+    held = estimate_memory(summary, gpu, "cuda", "bfloat16")
     assert held.weight_format == "dtype" and held.weights == 2_000_000_000
     assert held.kv_tokens == 98304  # the profile's fixed pool
-    fit = Fit(cpu, torch.device("cpu"), torch.bfloat16, need.total)
+    fit = Fit(cpu, "cpu", "bfloat16", need.total, unreadable)
     assert fit(summary) and fit.why_not(summary) is None
-    tight = Fit(cpu, torch.device("cpu"), torch.bfloat16, need.total - 1)
+    tight = Fit(cpu, "cpu", "bfloat16", need.total - 1, unreadable)
     assert not tight(summary) and tight.why_not(summary).startswith("needs ")
 
 
@@ -224,7 +226,7 @@ def test_a_chat_template_given_or_set_per_model_replaces_the_files(stores, tmp_p
     found = resolve("tiny", print)
     built = launch_engine(found.path, config, name=found.name, chat_template=template.read_text())
     try:
-        ids = built.engine.encode_chat([ChatMessage("user", "hello")]).token_ids
+        ids = ChatEncoder.of(built.engine).encode([ChatMessage("user", "hello")]).token_ids
         assert built.engine.tokenizer.decode(ids).startswith("MARK[hello]")
     finally:
         built.engine.shutdown()
@@ -273,7 +275,7 @@ def test_an_f32_file_and_a_file_of_unread_types_are_judged_by_their_tensors(tmp_
     summary = summarize_path(f32)
     summary.quant = "ALL_F32"  # as general.file_type 0 names it
     _, config, _ = profile.resolve("cpu")
-    fit = Fit(config, torch.device("cpu"), torch.bfloat16, 1 << 40)
+    fit = Fit(config, "cpu", "bfloat16", 1 << 40, unreadable)
     assert summary.tensor_types == ("F32",) and fit.why_not(summary) is None
     summary.tensor_types = ("F32", "IQ4_XS")
     assert "IQ4_XS are of a type lucedesk does not read" in fit.why_not(summary)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from lucedesk.engine import CallLedger, ChatMessage, RequestError, ToolCall
-from lucedesk.engine.messages import chat_messages
+from lucedesk.chat import CallLedger, ChatMessage, ToolCall
+from lucedesk.chat.messages import chat_messages
+from lucedesk.engine import RequestError
 
 
 def test_plain_dicts_become_typed_messages_and_bad_ones_name_the_field():

@@ -11,7 +11,8 @@ import jsonschema
 import pytest
 import torch
 
-from lucedesk.engine import FinishReason, Grammar, RequestError, SamplingParams, Tool, ToolChoice
+from lucedesk.chat import ChatEncoder, Tool, ToolChoice, schema_grammar
+from lucedesk.engine import FinishReason, Grammar, RequestError, SamplingParams
 from lucedesk.engine.models.loader import load_model
 from lucedesk.engine.request import Request
 from lucedesk.engine.sampler import Sampler
@@ -44,7 +45,7 @@ def constrain(jobs: list[Job], seed: int) -> list[Job]:
         if i < 3:
             grammar = Grammar.regex(LONG)
         else:
-            grammar = rng.choice([None, Grammar.json_schema(SCHEMA), Grammar.regex(REGEX)])
+            grammar = rng.choice([None, schema_grammar(SCHEMA), Grammar.regex(REGEX)])
         out.append(replace(job, params=replace(job.params, grammar=grammar)))
     return out
 
@@ -103,7 +104,7 @@ def test_sampled_rows_follow_the_grammar(loaded):
             engine.submit(
                 prompt,
                 SamplingParams(
-                    max_tokens=60, temperature=1.0, seed=i, grammar=Grammar.json_schema(SCHEMA)
+                    max_tokens=60, temperature=1.0, seed=i, grammar=schema_grammar(SCHEMA)
                 ),
             )
             for i in range(4)
@@ -119,7 +120,7 @@ def test_sampled_rows_follow_the_grammar(loaded):
 @pytest.mark.parametrize(
     ("grammar", "field"),
     [
-        (Grammar.json_schema({"type": "nope"}, "response_format"), "response_format"),
+        (schema_grammar({"type": "nope"}, "response_format"), "response_format"),
         (Grammar.regex("a((", "grammar"), "grammar"),
         (Grammar.lark("start: undefined_rule", "grammar"), "grammar"),
     ],
@@ -138,15 +139,15 @@ def test_encode_chat_names_the_bad_tool(loaded):
     bad = Tool("b", "", {"type": "object", "properties": {"x": {"type": "nope"}}})
     messages = [{"role": "user", "content": "hi"}]
     with pytest.raises(RequestError) as err:
-        engine.encode_chat(messages, [good, bad])
+        ChatEncoder.of(engine).encode(messages, [good, bad])
     assert err.value.field == "tools[1]"
     with pytest.raises(RequestError) as err:
-        engine.encode_chat(messages, [good], ToolChoice("function", "zzz"))
+        ChatEncoder.of(engine).encode(messages, [good], ToolChoice("function", "zzz"))
     assert err.value.field == "tool_choice"
     with pytest.raises(RequestError) as err:
-        engine.encode_chat(messages, [], ToolChoice("required"))
+        ChatEncoder.of(engine).encode(messages, [], ToolChoice("required"))
     assert err.value.field == "tool_choice"
-    prompt = engine.encode_chat(messages, [good], ToolChoice("none"))
+    prompt = ChatEncoder.of(engine).encode(messages, [good], ToolChoice("none"))
     assert prompt.grammar is None and prompt.parser() is None
 
 

@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from lucedesk.engine.models.chat import render_chat
+from lucedesk.chat.template import render_chat
 from lucedesk.engine.models.loader import load_model
 
 pytestmark = pytest.mark.default_model
@@ -153,9 +153,9 @@ PROMPTS = [
 
 
 def test_greedy_continuations_match_transformers(ours, reference):
+    from lucedesk.chat.encoder import encode_chat
     from lucedesk.config import EngineConfig
     from lucedesk.engine.build import assemble
-    from lucedesk.engine.chat_encoder import encode_chat
     from lucedesk.engine.request import SamplingParams
 
     _, ref_model = reference

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lucedesk.engine.models.chat import render_chat
+from lucedesk.chat.template import render_chat
 from lucedesk.engine.models.loader import load_model
 from tests.test_default_model import assert_greedy_matches, varied_strings
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from lucedesk import profile
+from lucedesk.catalog.fit import derive_pool_tokens, kv_bytes_per_token
 from lucedesk.config import EngineConfig
-from lucedesk.engine.build import derive_pool_tokens, kv_bytes_per_token
 from lucedesk.engine.models.config import ModelConfig
 from lucedesk.engine.models.loader import load_model
 from lucedesk.engine.request import FinishReason, SamplingParams
@@ -113,22 +113,22 @@ QWEN3_8B = ModelConfig(
 
 def test_kv_pool_derivation_by_hand():
     # SmolLM2-135M in bf16: 2 (K,V) * 30 layers * 3 KV heads * 64 dims * 2 bytes = 23,040 B.
-    assert kv_bytes_per_token(SMOLLM2, torch.bfloat16) == 23_040
+    assert kv_bytes_per_token(SMOLLM2, "bfloat16") == 23_040
     # Qwen3-8B in bf16: 2 * 36 * 8 * 128 * 2 = 147,456 B (144 KiB) per token.
-    assert kv_bytes_per_token(QWEN3_8B, torch.bfloat16) == 147_456
+    assert kv_bytes_per_token(QWEN3_8B, "bfloat16") == 147_456
     gib = 1 << 30
     # 8 GiB free, half of it for KV: 4 GiB / 147,456 B = 29,127.1 -> 29,120 in blocks of 16.
     cfg = EngineConfig(max_slots=16, kv_memory_fraction=0.5)
-    assert derive_pool_tokens(cfg, QWEN3_8B, torch.bfloat16, 8 * gib, 40960) == 29_120
+    assert derive_pool_tokens(cfg, QWEN3_8B, "bfloat16", 8 * gib, 40960) == 29_120
     # The R9700 profile's fixed pool is taken as given: 98,304 tokens = 13.5 GiB for Qwen3-8B.
     r9700 = profile.all_profiles()["r9700"].engine
-    assert derive_pool_tokens(r9700, QWEN3_8B, torch.bfloat16, 20 * gib, 16384) == 98_304
+    assert derive_pool_tokens(r9700, QWEN3_8B, "bfloat16", 20 * gib, 16384) == 98_304
     assert 98_304 * 147_456 / gib == 13.5
     # Derived, but never more than every slot at full context: 16 * 8,192 for SmolLM2.
-    assert derive_pool_tokens(cfg, SMOLLM2, torch.bfloat16, 100 * gib, 8192) == 131_072
+    assert derive_pool_tokens(cfg, SMOLLM2, "bfloat16", 100 * gib, 8192) == 131_072
     # 2 GiB free at a quarter: 512 MiB / 23,040 B = 23,301.7 -> 23,296.
     quarter = EngineConfig(kv_memory_fraction=0.25)
-    assert derive_pool_tokens(quarter, SMOLLM2, torch.bfloat16, 2 * gib, 8192) == 23_296
+    assert derive_pool_tokens(quarter, SMOLLM2, "bfloat16", 2 * gib, 8192) == 23_296
 
 
 def test_switching_engines_with_requests_in_flight_loses_none(tiny_llama):
@@ -154,10 +154,10 @@ def test_switching_engines_with_requests_in_flight_loses_none(tiny_llama):
 def test_int8_kv_holds_twice_the_tokens():
     """The pool derived from the same memory holds ~2x the tokens with 8-bit K/V (values plus
     a float32 scale per token and KV head)."""
-    assert kv_bytes_per_token(SMOLLM2, torch.bfloat16, "int8") == 2 * 30 * 3 * (64 + 4)
+    assert kv_bytes_per_token(SMOLLM2, "bfloat16", "int8") == 2 * 30 * 3 * (64 + 4)
     config = EngineConfig(kv_dtype="int8", kv_memory_fraction=0.5)
     plain = derive_pool_tokens(
-        config.replace(kv_dtype="dtype"), SMOLLM2, torch.bfloat16, 1 << 30, 10**9
+        config.replace(kv_dtype="dtype"), SMOLLM2, "bfloat16", 1 << 30, 10**9
     )
-    eight = derive_pool_tokens(config, SMOLLM2, torch.bfloat16, 1 << 30, 10**9)
+    eight = derive_pool_tokens(config, SMOLLM2, "bfloat16", 1 << 30, 10**9)
     assert 1.85 < eight / plain < 1.9  # 128 / 68 bytes a row

@@ -12,12 +12,12 @@ import random
 import pytest
 import torch
 
-from lucedesk.engine import Tool, ToolChoice, TurnRequest, submit_turn
-from lucedesk.engine.harmony import HarmonyParser
+from lucedesk.chat import ChatEncoder, Sampling, Tool, ToolChoice, TurnRequest, submit_turn
+from lucedesk.chat.formats import BY_NAME
+from lucedesk.chat.formats.harmony import HarmonyParser
+from lucedesk.chat.reasoning import ThinkSplitter
+from lucedesk.chat.tool_parser import CallDelta, ReasoningDelta, TextDelta
 from lucedesk.engine.models.loader import load_model
-from lucedesk.engine.reasoning import ThinkSplitter
-from lucedesk.engine.tool_calls import ToolFormat
-from lucedesk.engine.tool_parser import CallDelta, ReasoningDelta, TextDelta
 from tests.conftest import write_tiny_model
 from tests.engine_harness import make_engine, script_replies
 
@@ -95,7 +95,7 @@ def every_cut(make, text: str):
 def test_think_tags_split_the_same_in_any_cut(text, inside):
     tools = frozenset({"get_weather"})
     reasoning, answer, calls = every_cut(
-        lambda: ThinkSplitter(ToolFormat("hermes").parser(tools), inside), text
+        lambda: ThinkSplitter(BY_NAME["hermes"].parser(tools), inside), text
     )
     plain = every_cut(lambda: ThinkSplitter(None, inside), text)
     if not calls:
@@ -210,16 +210,16 @@ def test_a_thinking_models_reasoning_comes_apart(thinker, running):
     engine = running(thinker, max_slots=2, kv_pool_tokens=4096)
     script_replies(engine, lambda ids: "<think>\nIt is Paris.\n</think>\n\nParis.")
     messages = [{"role": "user", "content": "Capital of France?"}]
-    done = run_turn(engine, TurnRequest(messages, max_tokens=64))
+    done = run_turn(engine, TurnRequest(messages, sampling=Sampling(max_tokens=64)))
     assert (done.reasoning, done.text, done.finish) == ("It is Paris.", "Paris.", "stop")
     # "none" turns thinking off in the template: the prompt closes an empty block
-    prompt = engine.encode_chat(messages, reasoning="none")
+    prompt = ChatEncoder.of(engine).encode(messages, reasoning="none")
     assert thinker.tokenizer.decode(prompt.token_ids).endswith("<think>\n\n</think>\n\n")
-    on = engine.encode_chat(messages, reasoning="high")
+    on = ChatEncoder.of(engine).encode(messages, reasoning="high")
     assert not thinker.tokenizer.decode(on.token_ids).endswith("</think>\n\n")
     # earlier reasoning reaches the template as reasoning_content
     history = messages + [{"role": "assistant", "content": "Paris.", "reasoning": "Easy."}]
-    text = thinker.tokenizer.decode(engine.encode_chat(history).token_ids)
+    text = thinker.tokenizer.decode(ChatEncoder.of(engine).encode(history).token_ids)
     assert "<think>\nEasy.\n</think>\n\nParis." in text
 
 
@@ -239,14 +239,19 @@ def test_harmony_replies_through_the_engine(harmony, running):
     script_replies(
         engine, lambda ids: replies["weather" if "weather" in tok.decode(ids) else "hello"]
     )
-    hello = run_turn(engine, TurnRequest([{"role": "user", "content": "hello"}], max_tokens=64))
+    hello = run_turn(
+        engine,
+        TurnRequest([{"role": "user", "content": "hello"}], sampling=Sampling(max_tokens=64)),
+    )
     assert (hello.reasoning, hello.text, hello.calls) == ("Greet back.", "Hello!", [])
     ask = [{"role": "user", "content": "weather in Oslo?"}]
-    call = run_turn(engine, TurnRequest(ask, tools=[WEATHER], max_tokens=400))
+    call = run_turn(engine, TurnRequest(ask, tools=[WEATHER], sampling=Sampling(max_tokens=400)))
     assert call.reasoning == "Use the tool." and call.finish == "tool_calls"
     assert [(c.name, c.arguments) for c in call.calls] == [("get_weather", '{"city": "Oslo"}')]
     # The prompt: the tool as the template writes it, the reasoning level asked for.
-    prompt = tok.decode(engine.encode_chat(ask, [WEATHER], reasoning="high").token_ids, False)
+    prompt = tok.decode(
+        ChatEncoder.of(engine).encode(ask, [WEATHER], reasoning="high").token_ids, False
+    )
     assert "Reasoning: high" in prompt and "type get_weather = (_: {" in prompt
     assert prompt.endswith("<|start|>assistant")
     # The call and its result go back as the template renders a tool loop.
@@ -254,7 +259,7 @@ def test_harmony_replies_through_the_engine(harmony, running):
         {"role": "assistant", "content": None, "tool_calls": call.calls, "reasoning": "Use it."},
         {"role": "tool", "tool_call_id": call.calls[0].id, "name": "get_weather", "content": "9C"},
     ]
-    text = tok.decode(engine.encode_chat(history, [WEATHER]).token_ids, False)
+    text = tok.decode(ChatEncoder.of(engine).encode(history, [WEATHER]).token_ids, False)
     assert "<|channel|>analysis<|message|>Use it.<|end|>" in text
     assert "<|start|>assistant" + ROLE_CALL + '{"city": "Oslo"}<|call|>' in text
     assert "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>" in text
@@ -271,8 +276,8 @@ def grammar_accepts(engine, grammar, text: str) -> bool:
 def test_harmony_grammar_holds_calls_to_one_form(harmony):
     engine = make_engine(harmony, max_slots=1, kv_pool_tokens=1024)
     ask = [{"role": "user", "content": "weather?"}]
-    required = engine.encode_chat(ask, [WEATHER], ToolChoice("required")).grammar
-    auto = engine.encode_chat(ask, [WEATHER]).grammar
+    required = ChatEncoder.of(engine).encode(ask, [WEATHER], ToolChoice("required")).grammar
+    auto = ChatEncoder.of(engine).encode(ask, [WEATHER]).grammar
     call = CALL + '{"city": "Oslo"}'
     thought = "<|channel|>analysis<|message|>Think first.<|end|><|start|>assistant"
     final = "<|channel|>final<|message|>It is sunny."
@@ -308,7 +313,7 @@ async def test_an_agent_keeps_its_reasoning_apart(thinker, tmp_path):
         session = AgentSession(Runtime(EngineBackend(lambda: engine), store), record)
         assert (await session.send("Capital of France?")).text == "Paris."
         stored = store.session(record.id).messages[-1]
-        assert stored["content"] == "Paris." and stored["meta"]["reasoning"] == "It is Paris."
+        assert stored.content == "Paris." and stored.meta()["reasoning"] == "It is Paris."
         await session.send("And of Spain?")
     finally:
         store.close()
@@ -318,5 +323,5 @@ async def test_an_agent_keeps_its_reasoning_apart(thinker, tmp_path):
     assert [m.reasoning for m in history] == ["", "It is Paris.", "", "It is Paris."]
     # This template shows the reasoning of the last reply only: the earlier one is left out.
     assert "<think>\nIt is Paris.\n</think>" not in prompts[1]
-    last_turn = thinker.tokenizer.decode(engine.encode_chat(history).token_ids)
+    last_turn = thinker.tokenizer.decode(ChatEncoder.of(engine).encode(history).token_ids)
     assert "<think>\nIt is Paris.\n</think>\n\nParis." in last_turn

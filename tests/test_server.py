@@ -81,7 +81,7 @@ def test_chat_stream_shape_and_text(client):
 def test_text_content_parts_and_system(server, client, loaded):
     """The system message and every text part reach the template, in order: the prompt the
     engine ran is the template's rendering of exactly these messages."""
-    from lucedesk.engine.models.chat import render_chat
+    from lucedesk.chat.template import render_chat
 
     messages = [
         {"role": "system", "content": "be brief"},

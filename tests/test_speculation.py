@@ -10,6 +10,7 @@ import random
 import pytest
 import torch
 
+from lucedesk.chat import ChatEncoder, schema_grammar
 from lucedesk.config import EngineConfig
 from lucedesk.engine.models.loader import load_model
 from lucedesk.engine.request import SamplingParams
@@ -105,7 +106,7 @@ def test_drafts_change_no_constrained_token(tiny_models):
     loaded = load_model(tiny_models["qwen3"], torch.float32)
     jobs = []
     for i, job in enumerate(repetitive_jobs(loaded, 10, 8)):
-        grammar = Grammar.regex(LONG) if i % 2 else Grammar.json_schema(SCHEMA)
+        grammar = Grammar.regex(LONG) if i % 2 else schema_grammar(SCHEMA)
         params = dataclasses.replace(job.params, grammar=grammar, max_tokens=64)
         if i % 3 == 0:
             params = dataclasses.replace(params, temperature=0.7, seed=i)
@@ -249,7 +250,7 @@ def test_the_default_model_quoting_code_keeps_its_text_in_fewer_steps(default_mo
     results = {}
     for on in (False, True):
         engine = make_engine(loaded, kernels="cpu", weights="auto", prompt_lookup=on)
-        handle = engine.submit(engine.encode_chat(messages).token_ids, params)
+        handle = engine.submit(ChatEncoder.of(engine).encode(messages).token_ids, params)
         steps = 0
         while not handle.finished:
             engine.step()

@@ -13,20 +13,20 @@ import textwrap
 
 import pytest
 
-from lucedesk.engine import ChatMessage
-from lucedesk.store import Store
+from lucedesk.chat import ChatMessage
+from lucedesk.store import Store, StoredMessage
 
 WRITER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from lucedesk.store import Store
+    from lucedesk.store import Store, StoredMessage
 
     store = Store(Path(sys.argv[1]))
     session = store.create_session("crash")
     store.set_status(session, "running")
     for i in range(3):
-        store.add_message(session, "user", f"question {i}")
+        store.add_message(session, StoredMessage("user", f"question {i}"))
         reply = store.begin_reply(session)
         if i < 2:
             store.update_reply(reply, f"answer {i}", status="done")
@@ -65,7 +65,7 @@ def test_kill_9_mid_reply_keeps_every_written_message(tmp_path):
 
     store = Store(path)
     [session] = store.sessions()
-    messages = [(m["role"], m["content"], m["status"]) for m in session.messages]
+    messages = [(m.role, m.content, m.status) for m in session.messages]
     assert messages[:5] == [
         ("user", "question 0", "done"),
         ("assistant", "answer 0", "done"),
@@ -95,12 +95,12 @@ def test_a_store_opened_beside_a_live_process_leaves_its_work_running(tmp_path):
             break
     beside = Store(path)
     [session] = beside.sessions()
-    assert session.status == "running" and session.messages[-1]["status"] == "streaming"
+    assert session.status == "running" and session.messages[-1].status == "streaming"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(10)
     beside.interrupt_orphans()  # the writer is gone now
     [session] = beside.sessions()
-    assert session.status == "interrupted" and session.messages[-1]["status"] == "interrupted"
+    assert session.status == "interrupted" and session.messages[-1].status == "interrupted"
     beside.close()
     assert list((tmp_path / "s.db.owners").iterdir()) == []  # no lock file left behind
 
@@ -111,14 +111,14 @@ def test_a_transaction_lands_whole_or_not_at_all(tmp_path):
     with pytest.raises(RuntimeError):
         with store.transaction():
             child = store.create_session("child", kind="subagent", parent_id=parent.id)
-            store.add_message(child, "user", "task")
+            store.add_message(child, StoredMessage("user", "task"))
             raise RuntimeError("crashed halfway")
     assert store.sessions("subagent") == []
     with store.transaction():
         child = store.create_session("child", kind="subagent", parent_id=parent.id)
-        store.add_message(child, "user", "task")
+        store.add_message(child, StoredMessage("user", "task"))
     [saved] = store.sessions("subagent")
-    assert saved.parent_id == parent.id and saved.messages[0]["content"] == "task"
+    assert saved.parent_id == parent.id and saved.messages[0].content == "task"
     store.close()
 
 
@@ -137,34 +137,35 @@ def test_an_old_store_gains_message_status(tmp_path):
         )
     store = Store(path)
     [session] = store.sessions()
-    assert session.messages[0]["status"] == "done" and session.messages[0]["content"] == "hi"
+    assert session.messages[0].status == "done" and session.messages[0].content == "hi"
     store.close()
 
 
 def test_a_reply_set_aside_comes_back_and_survives_a_reopen(tmp_path):
     store = Store(tmp_path / "s.db")
     session = store.create_session("regenerated")
-    store.add_message(session, "user", "question")
+    store.add_message(session, StoredMessage("user", "question"))
     first = store.begin_reply(session)
-    store.update_reply(first, "first answer", "done", {"stopped": True})
+    first.stopped = True
+    store.update_reply(first, "first answer", "done")
     store.set_aside_reply(session)  # Ctrl+R
-    assert [m["content"] for m in session.messages] == ["question"]
+    assert [m.content for m in session.messages] == ["question"]
     store.update_reply(store.begin_reply(session), "second answer", "done")
     store.set_aside_reply(session)  # and again
     store.update_reply(store.begin_reply(session), "third answer", "done")
-    assert [m["content"] for m in store.session(session.id).messages] == [
+    assert [m.content for m in store.session(session.id).messages] == [
         "question",
         "third answer",
     ]
     assert store.undo_set_aside(session)
-    assert [m["content"] for m in session.messages] == ["question", "second answer"]
+    assert [m.content for m in session.messages] == ["question", "second answer"]
     assert store.undo_set_aside(session)
-    assert [m["content"] for m in session.messages] == ["question", "first answer"]
-    assert session.messages[-1]["meta"] == {"stopped": True}
+    assert [m.content for m in session.messages] == ["question", "first answer"]
+    assert session.messages[-1].meta() == {"stopped": True}
     assert not store.undo_set_aside(session)  # nothing more set aside
     store.close()
     again = Store(tmp_path / "s.db")
-    assert [m["content"] for m in again.session(session.id).messages] == [
+    assert [m.content for m in again.session(session.id).messages] == [
         "question",
         "first answer",
     ]
@@ -178,7 +179,7 @@ def test_deleting_a_session_deletes_its_subagents_and_their_messages(tmp_path):
     grandchild = store.create_session("grandchild", kind="subagent", parent_id=child.id)
     other = store.create_session("other")
     for s in (parent, child, grandchild, other):
-        store.add_message(s, "user", "hi")
+        store.add_message(s, StoredMessage("user", "hi"))
     store.delete_session(parent.id)
     assert [s.id for s in store.sessions(None)] == [other.id]
     with sqlite3.connect(tmp_path / "s.db") as db:

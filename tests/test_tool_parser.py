@@ -8,12 +8,12 @@ import random
 import llguidance
 import pytest
 
-from lucedesk.engine import CallDelta, TextDelta, Tool, ToolChoice
+from lucedesk.chat import CallDelta, TextDelta, Tool, ToolChoice
+from lucedesk.chat.formats import BY_NAME, format_of
+from lucedesk.chat.messages import ChatMessage, ToolCall
+from lucedesk.chat.tool_parser import parse_all
 from lucedesk.engine.grammar import GrammarCompiler
-from lucedesk.engine.messages import ChatMessage, ToolCall
 from lucedesk.engine.models.loader import load_model
-from lucedesk.engine.tool_calls import ToolFormat, detect_family
-from lucedesk.engine.tool_parser import parse_all
 
 HERMES = (
     "Let me look that up.\n"
@@ -81,7 +81,7 @@ def events_text_and_args(events):
 
 @pytest.mark.parametrize(("family", "text", "content", "calls"), CASES)
 def test_parser_whole_text(family, text, content, calls):
-    got_content, got_calls = parse_all(ToolFormat(family).parser(), text)
+    got_content, got_calls = parse_all(BY_NAME[family].parser(), text)
     assert got_content == content
     assert [(c.name, c.arguments) for c in got_calls] == calls
     assert all(c.id.startswith("call_") for c in got_calls)
@@ -95,7 +95,7 @@ def test_parser_stream_cut_anywhere_gives_the_same(family, text, content, calls)
     cuts += [sorted(rng.sample(range(1, len(text)), 3)) for _ in range(30)]
     cuts.append(list(range(1, len(text))))  # one character at a time
     for points in cuts:
-        parser = ToolFormat(family).parser()
+        parser = BY_NAME[family].parser()
         pieces = [text[a:b] for a, b in zip([0, *points], [*points, len(text)])]
         events = [e for p in pieces for e in parser.feed(p)] + parser.finish()
         assert events_text_and_args(events) == (content, calls), points
@@ -103,10 +103,31 @@ def test_parser_stream_cut_anywhere_gives_the_same(family, text, content, calls)
 
 
 def test_detect_family_from_template_text():
-    assert detect_family("{% if tools %}<tool_call>{{ tools }}{% endif %}") == "hermes"
-    assert detect_family("{{ '<|python_tag|>' }}") == "llama3"
-    assert detect_family("{% for m in messages %}{{ m.content }}{% endfor %}") == "generic"
-    assert detect_family(None) == "generic"
+    assert format_of("{% if tools %}<tool_call>{{ tools }}{% endif %}").name == "hermes"
+    assert format_of("{{ '<|python_tag|>' }}").name == "llama3"
+    assert format_of("{% for m in messages %}{{ m.content }}{% endfor %}").name == "generic"
+    assert format_of(None).name == "generic"
+    assert format_of("{{ '<|channel|>' }}<tool_call>").name == "harmony"  # tried first
+
+
+def test_a_call_format_is_one_module_and_one_registry_entry(monkeypatch):
+    from lucedesk.chat import formats
+    from lucedesk.chat.formats.hermes import Hermes
+
+    assert [f.name for f in formats.FORMATS] == ["harmony", "hermes", "llama3", "generic"]
+    assert formats.reasoning_format("<tool_call>{{ '<think>' }}") == "think"
+    assert formats.reasoning_format("<|channel|>") == "harmony"
+    assert formats.reasoning_format("{{ m.content }}") is None
+
+    class Bracketed(Hermes):  # a format of its own, as a new module would hold it
+        name = "bracketed"
+
+        def detects(self, template: str) -> bool:
+            return "[[call" in template
+
+    monkeypatch.setattr(formats, "FORMATS", (Bracketed(), *formats.FORMATS))
+    assert format_of("{{ '[[call' }}").name == "bracketed"
+    assert format_of("<tool_call>").name == "hermes"
 
 
 def test_generic_format_describes_tools_and_renders_calls_and_results():
@@ -119,7 +140,7 @@ def test_generic_format_describes_tools_and_renders_calls_and_results():
         ChatMessage("tool", "sunny", tool_call_id="call_1", name="get_weather"),
         ChatMessage("tool", "warm", tool_call_id="call_1", name="get_weather"),
     ]
-    out, template_tools = ToolFormat("generic").render_messages(messages, tools)
+    out, template_tools = BY_NAME["generic"].render_messages(messages, tools)
     assert template_tools == []
     assert [m["role"] for m in out] == ["system", "user", "assistant", "user"]
     assert out[0]["content"].startswith("Be brief.\n\nYou can call tools.")
@@ -134,7 +155,7 @@ def test_generic_format_describes_tools_and_renders_calls_and_results():
 
 def test_native_format_hands_the_template_objects():
     call = ToolCall("call_1", "f", '{"a": 1}')
-    out, template_tools = ToolFormat("hermes").render_messages(
+    out, template_tools = BY_NAME["hermes"].render_messages(
         [ChatMessage("assistant", tool_calls=[call])], [Tool("f")]
     )
     assert out[0]["tool_calls"][0]["function"] == {"name": "f", "arguments": {"a": 1}}
@@ -174,7 +195,7 @@ def hermes_call(name: str, args: dict) -> str:
 
 @pytest.mark.parametrize("family", ["hermes", "generic"])
 def test_marker_grammars(compiler, family):
-    fmt, tools = ToolFormat(family), [WEATHER, TIME]
+    fmt, tools = BY_NAME[family], [WEATHER, TIME]
     auto = fmt.grammar(tools, ToolChoice("auto"))
     required = fmt.grammar(tools, ToolChoice("required"))
     named = fmt.grammar(tools, ToolChoice("function", "get_time"))
@@ -198,7 +219,7 @@ def qwen_like(tiny_llama):
     Qwen3 do: llguidance then matches them as tokens, never as text."""
     from tokenizers import AddedToken
 
-    from lucedesk.engine.tool_calls import MARKERS
+    from lucedesk.chat.formats.hermes import MARKERS
 
     tok = load_model(tiny_llama).tokenizer
     tok.backend.add_tokens([AddedToken(m, special=False, normalized=False) for m in MARKERS])
@@ -207,9 +228,9 @@ def qwen_like(tiny_llama):
 
 
 def test_marker_tokens_are_matched_as_tokens(qwen_like):
-    from lucedesk.engine.tool_calls import MARKERS
+    from lucedesk.chat.formats.hermes import MARKERS
 
-    fmt, tools, single = ToolFormat("hermes"), [WEATHER, TIME], frozenset(MARKERS)
+    fmt, tools, single = BY_NAME["hermes"], [WEATHER, TIME], frozenset(MARKERS)
     one = hermes_call("get_weather", {"city": "Paris"})
     thought = "<think>\nThe user wants weather.\n</think>\n\n"
     for choice in (ToolChoice("auto"), ToolChoice("required")):
@@ -243,12 +264,12 @@ def test_tool_schemas_with_refs(compiler):
             "additionalProperties": False,
         },
     )
-    for fmt in (ToolFormat("hermes"), ToolFormat("llama3")):
+    for fmt in (BY_NAME["hermes"], BY_NAME["llama3"]):
         grammar = fmt.grammar([TIME, nested], ToolChoice("required"))
         args = {"place": {"city": "Oslo"}}
         text = (
             hermes_call("locate", args)
-            if fmt.family == "hermes"
+            if fmt.name == "hermes"
             else json.dumps({"name": "locate", "parameters": args})
         )
         assert accepts(compiler, grammar, text)
@@ -256,7 +277,7 @@ def test_tool_schemas_with_refs(compiler):
 
 
 def test_llama3_grammar(compiler):
-    fmt, tools = ToolFormat("llama3"), [WEATHER, TIME]
+    fmt, tools = BY_NAME["llama3"], [WEATHER, TIME]
     call = json.dumps({"name": "get_weather", "parameters": {"city": "Paris"}})
     auto = fmt.grammar(tools, ToolChoice("auto"))
     assert accepts(compiler, auto, "It is sunny.")
@@ -270,7 +291,7 @@ def test_llama3_grammar(compiler):
 
 def test_response_format_with_tools_constrains_the_answer_too(compiler):
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-    grammar = ToolFormat("hermes").grammar([WEATHER], ToolChoice("auto"), text_schema=schema)
+    grammar = BY_NAME["hermes"].grammar([WEATHER], ToolChoice("auto"), text_schema=schema)
     assert accepts(compiler, grammar, '{"a": 3}')
     assert accepts(compiler, grammar, hermes_call("get_weather", {"city": "Oslo"}))
     assert not accepts(compiler, grammar, "free text")
@@ -278,10 +299,10 @@ def test_response_format_with_tools_constrains_the_answer_too(compiler):
 
 
 def test_only_offered_tools_are_calls():
-    parser = ToolFormat("llama3").parser(frozenset({"get_weather"}))
+    parser = BY_NAME["llama3"].parser(frozenset({"get_weather"}))
     content, calls = parse_all(parser, '{"name": "Alice", "parameters": {"age": 3}}')
     assert calls == [] and content == '{"name": "Alice", "parameters": {"age": 3}}'
-    parser = ToolFormat("hermes").parser(frozenset({"get_weather"}))
+    parser = BY_NAME["hermes"].parser(frozenset({"get_weather"}))
     content, calls = parse_all(parser, hermes_call("other", {}))
     assert calls == [] and "other" in content
 
@@ -289,9 +310,9 @@ def test_only_offered_tools_are_calls():
 def stream_through_guard(text: str, cut: int = 3):
     """A hermes reply fed `cut` characters at a time through the repeat guard: what goes out,
     the calls kept, and whether a repeat ended it."""
-    from lucedesk.engine.repeated_calls import RepeatedCalls
+    from lucedesk.chat.repeated_calls import RepeatedCalls
 
-    parser = ToolFormat("hermes").parser()
+    parser = BY_NAME["hermes"].parser()
     guard = RepeatedCalls(parser)
     out = []
     for i in range(0, len(text), cut):
@@ -333,8 +354,8 @@ def test_a_repeated_call_is_dropped_and_ends_the_reply():
 def test_a_call_that_differs_streams_as_soon_as_it_does():
     a = call_block("get_weather", '{"city": "Paris", "days": 3}')
     b = call_block("get_weather", '{"city": "Rome", "days": 3}')
-    parser = ToolFormat("hermes").parser()
-    from lucedesk.engine.repeated_calls import RepeatedCalls
+    parser = BY_NAME["hermes"].parser()
+    from lucedesk.chat.repeated_calls import RepeatedCalls
 
     guard = RepeatedCalls(parser)
     out = guard.filter(parser.feed(a))

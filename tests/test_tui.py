@@ -13,7 +13,7 @@ from textual.widgets import Label, TextArea
 from lucedesk.agent import AgentSession, Approvals
 from lucedesk.agent import children as agent_children
 from lucedesk.engine.runner import TorchSeqEngine
-from lucedesk.store import Store
+from lucedesk.store import Store, StoredMessage
 from lucedesk.tui.app import LucedeskApp
 from lucedesk.tui.engine_host import EngineHost
 from lucedesk.tui.screens.dialogs import SplitDialog
@@ -47,7 +47,7 @@ def prepare(tmp_path, monkeypatch, tiny_llama):
 
     def running_on(self, *args):
         req = turn_request(self, *args)
-        req.ignore_eos = True
+        req.sampling.ignore_eos = True
         return req
 
     monkeypatch.setattr(AgentSession, "turn_request", running_on)
@@ -141,7 +141,7 @@ def replied(pane: ChatPane, count: int) -> bool:
     """The session holds `count` messages and no reply is still being written (a reply is
     stored from its first token on)."""
     messages = pane.session.messages
-    return len(messages) == count and not pane.busy and messages[-1].get("status") == "done"
+    return len(messages) == count and not pane.busy and messages[-1].status == "done"
 
 
 def decoding(app) -> int:
@@ -190,7 +190,7 @@ async def test_escape_mid_reply_frees_the_slot(env):
         stats = app.host.engine.stats()
         await wait_for(pilot, lambda: app.host.engine.stats().blocks_used == 0)
         assert stats.num_running == 0
-        assert pane.session.messages[-1]["role"] == "assistant"
+        assert pane.session.messages[-1].role == "assistant"
 
 
 async def test_fanout_splits_runs_children_at_once_then_synthesizes(env, monkeypatch):
@@ -219,16 +219,16 @@ async def test_fanout_splits_runs_children_at_once_then_synthesizes(env, monkeyp
         children = [s for s in app.store.sessions("subagent") if s.parent_id == pane.session.id]
         assert sorted(c.title for c in children) == ["first", "second", "third"]
         # the user's own line is shown; the model read the split prompt
-        assert pane.session.messages[0]["content"] == "/fanout 3 list some ideas"
+        assert pane.session.messages[0].content == "/fanout 3 list some ideas"
         assert "3 distinct" in pane.session.chat_messages()[0].content
         assert decoded_together(*(app.agents.live[c.id].owner for c in children))
         split, *results, synthesis = pane.session.messages[1:]
-        assert [c["name"] for c in split["meta"]["tool_calls"]] == ["task"] * 3
+        assert [c["name"] for c in split.meta()["tool_calls"]] == ["task"] * 3
         shown = [v.content for v in pane.query(MessageView) if v.role == "assistant"]
         assert "Split into 3 subtasks:\n\n## first\nfruit" in shown[0]  # its JSON, replaced
-        assert [r["role"] for r in results] == ["tool"] * 3
-        assert all(not r["meta"]["error"] for r in results)
-        assert synthesis["role"] == "assistant" and synthesis["status"] == "done"
+        assert [r.role for r in results] == ["tool"] * 3
+        assert all(not r.meta()["error"] for r in results)
+        assert synthesis.role == "assistant" and synthesis.status == "done"
         # The sidebar shows the children under their parent.
         tree = screen.query_one(SessionList)
         parent = tree.node_of(pane.session.id)
@@ -274,14 +274,14 @@ async def test_sessions_survive_a_restart(env):
         await type_and_send(pilot, pane, "/title remembered")
         await type_and_send(pilot, pane, "hello there")
         await wait_for(pilot, lambda: replied(pane, 2))
-        assert pane.session.messages[-1]["status"] == "done"
-        reply = pane.session.messages[-1]["content"]
+        assert pane.session.messages[-1].status == "done"
+        reply = pane.session.messages[-1].content
     again = make_app(env)
     async with again.run_test(size=SIZE) as pilot:
         screen = await started(pilot)
         pane = screen.panes[0]
         assert pane.session.title == "remembered" and pane.session.max_tokens == 8
-        assert [m["content"] for m in pane.session.messages] == ["hello there", reply]
+        assert [m.content for m in pane.session.messages] == ["hello there", reply]
         assert [n.data for n in screen.query_one(SessionList).all_nodes()] == [pane.session.id]
 
 
@@ -351,7 +351,7 @@ async def test_profile_switch_rebuilds_engine_and_keeps_chats(env):
         await pilot.press("escape")
         await wait_for(pilot, lambda: not pane.busy)
         # The reply in flight was finished under the old engine, and the chat is intact.
-        assert [m["role"] for m in pane.session.messages] == ["user", "assistant"]
+        assert [m.role for m in pane.session.messages] == ["user", "assistant"]
         await type_and_send(pilot, pane, "/max 4")
         await type_and_send(pilot, pane, "still here?")
         await wait_for(pilot, lambda: replied(pane, 4))
@@ -408,7 +408,7 @@ async def test_model_switch_keeps_chats(env, tiny_models):
         await wait_for(pilot, lambda: app.host.built.loaded.name == "qwen3", 60)
         await type_and_send(pilot, pane, "second")
         await wait_for(pilot, lambda: replied(pane, 4))
-        assert pane.session.messages[0]["content"] == "first"
+        assert pane.session.messages[0].content == "first"
 
 
 async def test_a_reply_is_saved_while_it_streams(env):
@@ -435,21 +435,21 @@ async def test_a_reply_is_saved_while_it_streams(env):
         await pilot.press("escape")
         await wait_for(pilot, lambda: not pane.busy)
         status, content = saved()
-        assert status == "done" and content == pane.session.messages[-1]["content"]
+        assert status == "done" and content == pane.session.messages[-1].content
 
 
 async def test_a_reply_cut_by_a_crash_shows_as_interrupted(env):
     """A reply still streaming when the process died comes back marked interrupted."""
     store = Store(env[0] / "sessions.db")
     session = store.create_session("before the crash")
-    store.add_message(session, "user", "tell me a story")
+    store.add_message(session, StoredMessage("user", "tell me a story"))
     store.update_reply(store.begin_reply(session), "Once upon a")  # then: kill -9
     store.close()
     app = make_app(env)
     async with app.run_test(size=SIZE) as pilot:
         screen = await started(pilot)
         pane = screen.panes[0]
-        assert [m["status"] for m in pane.session.messages] == ["done", "interrupted"]
+        assert [m.status for m in pane.session.messages] == ["done", "interrupted"]
         labels = [str(label.render()) for label in pane.query("MessageView Label")]
         assert labels[-1] == "assistant · interrupted"
 

@@ -68,7 +68,7 @@ async def test_children_show_under_their_parent_and_esc_cancels_one(env):
         a, b = (agents.live[i] for i in children())
         assert "●" in str(tree.node_of(a.id).label)  # running, with its phase
         # Opening child A: the parent's pane is busy, so it opens beside it.
-        await wait_for(pilot, lambda: any(m["role"] == "tool" for m in a.record.messages))
+        await wait_for(pilot, lambda: any(m.role == "tool" for m in a.record.messages))
         screen.post_message(SessionChosen(a.id))
         await wait_for(pilot, lambda: len(screen.panes) == 2)
         child_pane = screen.panes[1]
@@ -82,10 +82,10 @@ async def test_children_show_under_their_parent_and_esc_cancels_one(env):
         assert a.record.status == "cancelled"
         await wait_for(pilot, lambda: not pane.busy, 60)
         assert b.record.status == "done"
-        results = [m for m in pane.session.messages if m["role"] == "tool"]
-        assert results[0]["content"].startswith("error: the subagent was cancelled")
-        assert results[1]["content"] == "child B is done"
-        assert pane.session.messages[-1]["content"] == "both children reported back"
+        results = [m for m in pane.session.messages if m.role == "tool"]
+        assert results[0].content.startswith("error: the subagent was cancelled")
+        assert results[1].content == "child B is done"
+        assert pane.session.messages[-1].content == "both children reported back"
 
 
 async def test_an_edit_waits_for_approval_in_a_dialog(env):
@@ -112,7 +112,7 @@ async def test_an_edit_waits_for_approval_in_a_dialog(env):
         await pilot.press("y")
         await wait_for(pilot, lambda: not pane.busy)
         assert (workspace / "new.txt").read_text() == "hi\n"
-        assert pane.session.messages[-1]["content"] == "written"
+        assert pane.session.messages[-1].content == "written"
 
 
 class ThinkingBackend:
@@ -123,7 +123,7 @@ class ThinkingBackend:
     async def turn(self, req, owner, on_text, on_reasoning):
         import asyncio
 
-        from lucedesk.engine import TurnResult
+        from lucedesk.chat import TurnResult
 
         on_reasoning("Weighing it ")
         await asyncio.sleep(0.2)
@@ -163,7 +163,7 @@ async def test_a_replys_reasoning_is_folded_under_it(env):
         folded().collapsed = False  # opened: the whole reasoning
         await wait_for(pilot, lambda: shown() == "Weighing it carefully.")
         stored = pane.session.messages[-1]
-        assert stored["meta"]["reasoning"] == "Weighing it carefully."
+        assert stored.meta()["reasoning"] == "Weighing it carefully."
         await pane.show_session(app.store.session(pane.session.id))  # as after a restart
         await wait_for(pilot, lambda: bool(pane.query(Collapsible)))
         assert folded().collapsed
@@ -180,7 +180,7 @@ from lucedesk.agent import AgentSession
 turn_request = AgentSession.turn_request
 def long_reply(self, *args):
     req = turn_request(self, *args)
-    req.ignore_eos, req.max_tokens = True, 100000
+    req.sampling.ignore_eos, req.sampling.max_tokens = True, 100000
     return req
 AgentSession.turn_request = long_reply
 from lucedesk.engine.runner import TorchSeqEngine
@@ -228,8 +228,8 @@ def test_kill_9_of_the_tui_mid_reply_loses_no_written_message(env, tmp_path):
     store = Store(tmp / "sessions.db")
     [session] = store.sessions()
     user, reply = session.messages
-    assert user["content"] == "first question" and user["status"] == "done"
-    assert reply["status"] == "interrupted" and reply["content"]
+    assert user.content == "first question" and user.status == "done"
+    assert reply.status == "interrupted" and reply.content
     assert session.status == "interrupted"
     store.close()
-    json.dumps(reply)  # plain data, as saved
+    json.dumps(reply.to_json())  # plain data, as saved

@@ -174,16 +174,16 @@ async def test_sessions_stay_tidy_and_come_back_as_they_were(env):
         await type_and_send(pilot, pane, "/max 900")
         await type_and_send(pilot, pane, "What is the tallest mountain on the planet Earth")
         assert pane.session.title == "What is the tallest mountain on the pla…"
-        await wait_for(pilot, lambda: len(pane.session.messages[-1]["content"]) > 20)
+        await wait_for(pilot, lambda: len(pane.session.messages[-1].content) > 20)
         await pilot.press("escape")  # stopped mid-reply
         await wait_for(pilot, lambda: not pane.busy)
-        stopped = pane.session.messages[-1]["content"]
+        stopped = pane.session.messages[-1].content
         await type_and_send(pilot, pane, "/max 8")
         await pilot.press("ctrl+r")  # a new reply; the stopped one set aside
         await wait_for(pilot, lambda: replied(pane, 2) and not pane.busy)
-        assert pane.session.messages[-1]["content"] != stopped
+        assert pane.session.messages[-1].content != stopped
         await type_and_send(pilot, pane, "/undo")
-        assert pane.session.messages[-1]["content"] == stopped
+        assert pane.session.messages[-1].content == stopped
         # a second pane with its own chat, then a draft left in the first
         await pilot.press("ctrl+s")
         await wait_for(pilot, lambda: len(screen.panes) == 2)
@@ -203,16 +203,16 @@ async def test_sessions_stay_tidy_and_come_back_as_they_were(env):
         pane = screen.panes[0]
         titles = [str(v.query_one("Label").render()) for v in pane.query(MessageView)]
         assert titles[-1] == "assistant · stopped"  # the mark survives the reload
-        stopped = pane.session.messages[-1]["content"]
+        stopped = pane.session.messages[-1].content
         # /continue writes on in the same message (after a restart too), ending as any reply
         count = len(pane.session.messages)
         await type_and_send(pilot, pane, "/continue")
         await wait_for(pilot, lambda: not pane.busy and pane.session.status == "done")
         assert len(pane.session.messages) == count
         continued = pane.session.messages[-1]
-        assert continued["content"].startswith(stopped.rstrip())
-        assert len(continued["content"]) > len(stopped.rstrip())
-        assert "stopped" not in continued["meta"]
+        assert continued.content.startswith(stopped.rstrip())
+        assert len(continued.content) > len(stopped.rstrip())
+        assert "stopped" not in continued.meta()
         await type_and_send(pilot, pane, "/undo")
         assert "no reply was replaced here" in notices(app)
         assert pane.query_one(ChatInput).text == "/undo"  # a failed command stays to edit

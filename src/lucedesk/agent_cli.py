@@ -27,8 +27,8 @@ from lucedesk.agent import (
     Workspace,
     run_to_answer,
 )
+from lucedesk.chat import ToolChoice
 from lucedesk.commands import build_from_args
-from lucedesk.engine import ToolChoice
 from lucedesk.errors import ConfigError
 from lucedesk.store import Session, Store, data_dir
 
@@ -93,11 +93,11 @@ class Progress:
         indent = "  " * event.session.depth
         if isinstance(event, ChildStarted):
             self.say(f"{indent}▸ subagent {event.child.id}: {event.child.title}")
-        elif isinstance(event, MessageAdded) and event.message["role"] == "tool":
-            meta = event.message["meta"]
-            self.say(f"{indent}→ {meta['name']} {meta['arguments'][:200]}")
-        elif isinstance(event, MessageDone) and event.message["role"] == "tool":
-            first = (event.message["content"].splitlines() or [""])[0]
+        elif isinstance(event, MessageAdded) and event.message.role == "tool":
+            call = event.message
+            self.say(f"{indent}→ {call.name} {call.arguments[:200]}")
+        elif isinstance(event, MessageDone) and event.message.role == "tool":
+            first = (event.message.content.splitlines() or [""])[0]
             self.say(f"{indent}← {first[:200]}")
 
     @staticmethod
@@ -114,9 +114,7 @@ def transcript(store: Store, session: Session) -> dict:
         "title": loaded.title,
         "status": loaded.status,
         "agent_type": loaded.agent_type,
-        "messages": [
-            {k: m[k] for k in ("role", "content", "status", "meta")} for m in loaded.messages
-        ],
+        "messages": [m.to_json() for m in loaded.messages],
         "children": [transcript(store, child) for child in children],
     }
 

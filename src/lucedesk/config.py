@@ -20,7 +20,7 @@ class EngineConfig:
     kv_pool_tokens: int = 0  # KV capacity in tokens; 0 = derive from free memory
     kv_memory_fraction: float = 0.5  # of the memory left after the weights, when deriving
     # Memory kept for activations, logits and the allocator beyond weights and KV: what a
-    # model's fit is checked with before it loads (engine/memory.py).
+    # model's fit is checked with before it loads (catalog/fit.py).
     activation_reserve_mb: int = 512
     unified_memory: bool = False  # GPU memory is system RAM (APUs): derive from the smaller
     max_model_len: int = 0  # 0 = the model's own context length

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from lucedesk.store import Session, data_dir, message_notes
+from lucedesk.store import Session, data_dir
 
 
 def export_dir() -> Path:
@@ -37,34 +37,31 @@ def export_markdown(session: Session) -> str:
     if session.system_prompt:
         lines += [f"> system: {session.system_prompt}", ""]
     for m in session.messages:
-        meta = m.get("meta") or {}
-        if m["role"] == "tool":
-            state = " · error" if meta.get("error") else ""
-            state = " · interrupted" if m.get("status") == "interrupted" else state
+        if m.role == "tool":
+            state = " · error" if m.error else ""
+            state = " · interrupted" if m.status == "interrupted" else state
             lines += [
-                f"### tool call · {meta.get('name', '?')}{state}",
+                f"### tool call · {m.name or '?'}{state}",
                 "",
-                fenced(meta.get("arguments", ""), "json"),
+                fenced(m.arguments, "json"),
                 "",
-                fenced(m["content"], "text"),
+                fenced(m.content, "text"),
                 "",
             ]
             continue
-        notes = [n for n in message_notes(m) if n]
-        lines += [f"## {' · '.join([m['role'], *notes])}", ""]
-        if meta.get("reasoning"):
+        lines += [f"## {' · '.join([m.role, *m.notes()])}", ""]
+        if m.reasoning:
             lines += [
                 "<details><summary>thinking</summary>",
                 "",
-                meta["reasoning"],
+                m.reasoning,
                 "",
                 "</details>",
                 "",
             ]
-        if m["content"]:
-            lines += [m["content"], ""]
-        for call in meta.get("tool_calls") or []:
-            lines += [f"- calls `{call['name']}`", ""]
+        if m.content:
+            lines += [m.content, ""]
+        lines += [line for call in m.tool_calls for line in (f"- calls `{call.name}`", "")]
     return "\n".join(lines)
 
 

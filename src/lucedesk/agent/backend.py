@@ -12,7 +12,8 @@ from typing import Protocol
 
 import httpx
 
-from lucedesk.engine import Engine, RequestError, ToolCall, TurnRequest, TurnResult, start_turn
+from lucedesk.chat import ToolCall, TurnRequest, TurnResult, start_turn
+from lucedesk.engine import Engine, RequestError
 
 OnText = Callable[[str], None]
 
@@ -56,10 +57,10 @@ def wire_body(req: TurnRequest, model: str) -> dict:
         "stream_options": {"include_usage": True},
     }
     for key in ("max_tokens", "temperature", "top_p", "seed"):
-        if getattr(req, key) is not None:
-            body[key] = getattr(req, key)
-    if req.stop:
-        body["stop"] = list(req.stop)
+        if getattr(req.sampling, key) is not None:
+            body[key] = getattr(req.sampling, key)
+    if req.sampling.stop:
+        body["stop"] = list(req.sampling.stop)
     if req.tools:
         body["tools"] = [t.openai() for t in req.tools]
         choice = req.tool_choice

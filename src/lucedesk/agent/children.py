@@ -18,10 +18,11 @@ from lucedesk.agent.runtime import AgentResult
 from lucedesk.agent.tool_error import ToolError
 from lucedesk.agent.tool_runner import run_calls
 from lucedesk.agent.tools.task import FANOUT
-from lucedesk.engine import Grammar, ToolCall, ToolChoice
+from lucedesk.chat import ToolCall, ToolChoice, schema_grammar
+from lucedesk.store import StoredMessage
 
 if TYPE_CHECKING:
-    from lucedesk.agent.session import AgentSession
+    from lucedesk.agent.live import LiveSession
 
 CHILD_PROMPT = """\
 You are a subagent: another agent gave you the task in the next message. Work on it with \
@@ -36,7 +37,7 @@ Split this task into {count} distinct, self-contained subtasks that can be worke
 same time by {count} subagents who see nothing but their own subtask. Task: {task}"""
 
 
-def new_child(parent: AgentSession, description: str, type_name: str) -> AgentSession:
+def new_child(parent: LiveSession, description: str, type_name: str) -> LiveSession:
     """A stored child of `parent` of type `type_name`, not started; a ToolError when the type
     is unknown, the depth limit is reached or the parent's type may not start it."""
     s = parent.record
@@ -62,7 +63,7 @@ def new_child(parent: AgentSession, description: str, type_name: str) -> AgentSe
     return parent.adopt(record)
 
 
-async def run_child(parent: AgentSession, description: str, prompt: str, type_name: str) -> str:
+async def run_child(parent: LiveSession, description: str, prompt: str, type_name: str) -> str:
     """The `task` tool: a child runs `prompt` in its own task; its final message is the
     result, any other end a ToolError saying how it ended."""
     child = new_child(parent, description, type_name)
@@ -107,7 +108,7 @@ def split_schema(count: int) -> dict:
 
 
 async def fanout(
-    session: AgentSession, count: int, task: str, type_name: str | None = None
+    session: LiveSession, count: int, task: str, type_name: str | None = None
 ) -> AgentResult:
     """`/fanout N <task>` on `session`: split, run the children at once, synthesize."""
     if type_name is None:  # children only look; a session without tools gives them none
@@ -115,7 +116,7 @@ async def fanout(
     # Shown as the user wrote it; the model reads the split prompt (see chat_messages).
     prompt = SPLIT_PROMPT.format(count=count, task=task)
     line = f"/fanout {count} {task}"
-    message = session.store.add_message(session.record, "user", line, meta={"prompt": prompt})
+    message = session.store.add_message(session.record, StoredMessage("user", line, prompt=prompt))
     session.runtime.emit(MessageAdded(session, message))
     return await session.guarded(lambda: _split_run_synthesize(session, count, type_name))
 
@@ -125,24 +126,24 @@ def split_text(subtasks: list[dict]) -> str:
     return "\n\n".join(f"## {t['title']}\n{t['task']}" for t in subtasks)
 
 
-def split_progress(meta: dict, content: str) -> str | None:
+def split_progress(message: StoredMessage) -> str | None:
     """What a split reply shows while its JSON streams in (None: not a split reply)."""
-    count = meta.get("split")
+    count = message.split
     if not count:
         return None
-    written = content.count('"task"')
+    written = message.content.count('"task"')
     return f"Splitting the task into {count} subtasks… {min(written, count)} of {count} written"
 
 
-async def _split_run_synthesize(session: AgentSession, count: int, type_name: str) -> AgentResult:
+async def _split_run_synthesize(session: LiveSession, count: int, type_name: str) -> AgentResult:
     session.set_phase("splitting the task", "running")
     split = await session.model_turn(
         ToolChoice("none"),
         tools_on=False,
-        response_format=Grammar.json_schema(split_schema(count)),
+        response_format=schema_grammar(split_schema(count)),
         # room for N subtasks at their longest (byte-level tokens included)
         max_tokens=count * (SUBTASK_TITLE_CHARS + SUBTASK_CHARS) * 4 + 64,
-        reply_meta={"split": count},  # its JSON streams in: shown as progress (split_progress)
+        split=count,  # its JSON streams in: shown as progress (split_progress)
     )
     if split.finish == "error":
         session.set_phase("error", "error")
@@ -159,7 +160,8 @@ async def _split_run_synthesize(session: AgentSession, count: int, type_name: st
         subtasks = await review(session.title, subtasks)
         if not subtasks:
             text = "The split was not run (the user declined it)."
-            session.store.update_reply(reply, text, "done", {"stopped": True})
+            reply.split, reply.stopped = 0, True
+            session.store.update_reply(reply, text, "done")
             session.runtime.emit(MessageDone(session, reply))
             session.set_phase("cancelled", "cancelled")
             return AgentResult("cancelled", "", "the user declined the split")
@@ -172,9 +174,9 @@ async def _split_run_synthesize(session: AgentSession, count: int, type_name: st
         )
         for t in subtasks
     ]
-    meta = {"tool_calls": [c.to_dict() for c in calls]}
+    reply.split, reply.tool_calls = 0, calls
     shown = f"Split into {count} subtasks:\n\n{split_text(subtasks)}"
-    session.store.update_reply(reply, shown, "done", meta)
+    session.store.update_reply(reply, shown, "done")
     session.runtime.emit(MessageDone(session, reply))
     await run_calls(session, calls, {"task": FANOUT})
     result = await session.model_turn(ToolChoice("none"), tools_on=False)

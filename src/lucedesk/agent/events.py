@@ -1,61 +1,80 @@
 """What an agent session tells its observer (the TUI, the headless CLI) as it works. Every
-event names its session; messages are the store's message dicts, already saved."""
+event names its session; messages are the store's, already saved."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
+
+from lucedesk.store import StoredMessage
 
 if TYPE_CHECKING:
-    from lucedesk.agent.session import AgentSession
+    from lucedesk.store import Session
+
+
+class SessionView(Protocol):
+    """What an observer reads of the session an event names (session.py's SessionView)."""
+
+    record: Session
+    depth: int
+    phase: str
+
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def title(self) -> str: ...
+
+    @property
+    def parent(self) -> SessionView | None: ...
 
 
 @dataclass(slots=True, frozen=True)
 class PhaseChanged:
     """`session.phase` or `session.status` changed."""
 
-    session: AgentSession
+    session: SessionView
 
 
 @dataclass(slots=True, frozen=True)
 class MessageAdded:
     """A user message, a reply that starts streaming, or a tool call that starts."""
 
-    session: AgentSession
-    message: dict
+    session: SessionView
+    message: StoredMessage
 
 
 @dataclass(slots=True, frozen=True)
 class TextStreamed:
-    """More text of a streaming reply (`message["content"]` already holds it)."""
+    """More text of a streaming reply (`message.content` already holds it)."""
 
-    session: AgentSession
-    message: dict
+    session: SessionView
+    message: StoredMessage
     text: str
 
 
 @dataclass(slots=True, frozen=True)
 class ReasoningStreamed:
-    """More reasoning of a streaming reply (`message["meta"]["reasoning"]` holds it all)."""
+    """More reasoning of a streaming reply (`message.reasoning` holds it all)."""
 
-    session: AgentSession
-    message: dict
+    session: SessionView
+    message: StoredMessage
     text: str
 
 
 @dataclass(slots=True, frozen=True)
 class MessageDone:
-    """A reply ended (its tool calls in `message["meta"]`) or a tool call has its result."""
+    """A reply ended (its tool calls in `message.tool_calls`) or a tool call has its result."""
 
-    session: AgentSession
-    message: dict
+    session: SessionView
+    message: StoredMessage
 
 
 @dataclass(slots=True, frozen=True)
 class ChildStarted:
-    session: AgentSession  # the parent
-    child: AgentSession
+    session: SessionView  # the parent
+    child: SessionView
 
 
 AgentEvent = (

@@ -200,7 +200,7 @@ class McpHub:
         async def call(ctx: ToolContext, args: dict) -> str:
             if not server.trust:
                 detail = json.dumps(args, indent=1)
-                request = ApprovalRequest("command", ctx.session.title, name, where, detail)
+                request = ApprovalRequest("command", ctx.title, name, where, detail)
                 if not await ctx.approve(request):
                     raise ToolError(f"the user declined to run {where}")
             try:

@@ -15,7 +15,7 @@ from lucedesk.agent.runtime import Limits, Runtime
 from lucedesk.agent.session import AgentSession
 from lucedesk.agent.tools.base import ToolSpec
 from lucedesk.agent.workspace import Workspace
-from lucedesk.engine import ToolChoice
+from lucedesk.chat import ToolChoice
 from lucedesk.store import Session, Store
 
 

@@ -11,8 +11,7 @@ from lucedesk.agent.approvals import Approvals
 
 if TYPE_CHECKING:
     from lucedesk.agent.backend import Backend
-    from lucedesk.agent.events import AgentEvent, Observer
-    from lucedesk.agent.session import AgentSession
+    from lucedesk.agent.events import AgentEvent, Observer, SessionView
     from lucedesk.agent.tools.base import ToolSpec
     from lucedesk.store import Store
 
@@ -36,7 +35,7 @@ class Runtime:
     limits: Limits = field(default_factory=Limits)
     # Whether someone watches a session now (the TUI: the one in the focused pane); its
     # model turns then keep their pace beside background work. None: nobody does.
-    watched: Callable[[AgentSession], bool] | None = None
+    watched: Callable[[SessionView], bool] | None = None
 
     def emit(self, event: AgentEvent) -> None:
         if self.observer is not None:

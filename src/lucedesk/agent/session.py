@@ -33,8 +33,9 @@ from lucedesk.agent.runtime import AgentResult, Runtime
 from lucedesk.agent.tool_runner import run_calls
 from lucedesk.agent.tools import ToolSpec, tools_for
 from lucedesk.agent.workspace import Workspace
-from lucedesk.engine import ChatMessage, Grammar, Tool, ToolChoice, TurnRequest, TurnResult
-from lucedesk.store import Session, Store
+from lucedesk.chat import ChatMessage, Sampling, Tool, ToolChoice, TurnRequest, TurnResult
+from lucedesk.engine import Grammar
+from lucedesk.store import Session, Store, StoredMessage
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ class AgentSession:
 
     async def send(self, text: str) -> AgentResult:
         """A user message, then the loop until the final answer."""
-        message = self.store.add_message(self.record, "user", text)
+        message = self.store.add_message(self.record, StoredMessage("user", text))
         self.runtime.emit(MessageAdded(self, message))
         return await self.run()
 
@@ -127,14 +128,14 @@ class AgentSession:
             raise ValueError("the last message is not a reply cut short")
         return await self.run(continued=last)
 
-    def continuable(self) -> dict | None:
+    def continuable(self) -> StoredMessage | None:
         """The last message, if it is a reply with text that a turn can write on from."""
         last = self.record.messages[-1] if self.record.messages else None
-        if last is None or last["role"] != "assistant" or not last["content"].strip():
+        if last is None or last.role != "assistant" or not last.content.strip():
             return None
-        return None if (last.get("meta") or {}).get("tool_calls") else last
+        return None if last.tool_calls else last
 
-    async def run(self, continued: dict | None = None) -> AgentResult:
+    async def run(self, continued: StoredMessage | None = None) -> AgentResult:
         """The loop, from the conversation as it stands (`continued`: the first turn writes on
         from that reply)."""
 
@@ -176,7 +177,7 @@ class AgentSession:
         self.set_phase("error", "error")
         return AgentResult("error", "", f"{type(exc).__name__}: {exc}")
 
-    async def _loop(self, continued: dict | None = None) -> AgentResult:
+    async def _loop(self, continued: StoredMessage | None = None) -> AgentResult:
         limits = self.runtime.limits
         for step in range(limits.max_steps):
             choice = self.tool_choices[min(step, len(self.tool_choices) - 1)]
@@ -192,7 +193,7 @@ class AgentSession:
             f"Stopped: the step limit of {limits.max_steps} model turns was reached before a "
             "final answer."
         )
-        message = self.store.add_message(self.record, "assistant", note)
+        message = self.store.add_message(self.record, StoredMessage("assistant", note))
         self.runtime.emit(MessageAdded(self, message))
         self.set_phase("step limit", "step_limit")
         return AgentResult("step_limit", note, note)
@@ -225,9 +226,11 @@ class AgentSession:
             # A forced turn makes one call: small models repeat a forced call to max_tokens.
             parallel_tool_calls=choice.mode == "auto",
             response_format=response_format,
-            max_tokens=max_tokens or s.max_tokens,
-            temperature=s.temperature,
-            top_p=0.95 if s.temperature else 1.0,
+            sampling=Sampling(
+                max_tokens=max_tokens or s.max_tokens,
+                temperature=s.temperature,
+                top_p=0.95 if s.temperature else 1.0,
+            ),
             interactive=self.runtime.watched is not None and self.runtime.watched(self),
         )
 
@@ -237,24 +240,25 @@ class AgentSession:
         tools_on: bool = True,
         response_format: Grammar | None = None,
         max_tokens: int | None = None,
-        continued: dict | None = None,
-        reply_meta: dict | None = None,
+        continued: StoredMessage | None = None,
+        split: int = 0,
     ) -> TurnResult:
-        """One model turn into a new reply (`reply_meta`: what the reply's meta starts with)
-        or, `continued`, on from a reply cut short."""
+        """One model turn into a new reply (`split`: it is a /fanout split into that many
+        subtasks) or, `continued`, on from a reply cut short."""
         tools = self.tools() if tools_on else []
         if continued is not None:  # the text as the template keeps it (trailing space trimmed)
-            continued["content"] = continued["content"].rstrip()
+            continued.content = continued.content.rstrip()
         req = self.turn_request(choice, tools, response_format, max_tokens)
         s = self.record
         if continued is None:
-            reply = self.store.begin_reply(s, reply_meta)
+            reply = self.store.begin_reply(s, split)
             self.runtime.emit(MessageAdded(self, reply))
         else:
             req.continue_final = True
             reply = continued
-            self.store.update_reply(reply, reply["content"], "streaming", {})
-        before = reply["content"]
+            reply.reset_meta()
+            self.store.update_reply(reply, reply.content, "streaming")
+        before = reply.content
         self.set_phase("reading")  # queued, then the prompt is read (prefill)
         saved_at = time.monotonic()
         text: list[str] = []
@@ -264,43 +268,38 @@ class AgentSession:
             if not text:
                 self.set_phase("writing")
             text.append(piece)
-            reply["content"] += piece
+            reply.content += piece
             self.runtime.emit(TextStreamed(self, reply, piece))
             if time.monotonic() - saved_at >= SAVE_EVERY_S:
-                self.store.update_reply(reply, reply["content"])
+                self.store.update_reply(reply, reply.content)
                 saved_at = time.monotonic()
 
         def on_reasoning(piece: str) -> None:
             if not text:
                 self.set_phase("thinking")
-            reply["meta"]["reasoning"] = reply["meta"].get("reasoning", "") + piece
+            reply.reasoning += piece
             self.runtime.emit(ReasoningStreamed(self, reply, piece))
 
-        meta: dict = dict(reply_meta or {})
         try:
             result = await self.runtime.backend.turn(req, self.owner, on_text, on_reasoning)
         except BaseException as exc:  # cancelled, or broken: keep what was written
-            meta = (
-                {"stopped": True}
-                if isinstance(exc, asyncio.CancelledError)
-                else {"error": str(exc)}
-            )
-            if reply["meta"].get("reasoning"):
-                meta["reasoning"] = reply["meta"]["reasoning"]
-            self.store.update_reply(reply, reply["content"], "done", meta)
+            reply.split = 0  # shown as the text it got to, not as a split's progress
+            if isinstance(exc, asyncio.CancelledError):
+                reply.stopped = True
+            else:
+                reply.error = str(exc)
+            self.store.update_reply(reply, reply.content, "done")
             self.runtime.emit(MessageDone(self, reply))
             raise
-        reasoning = result.reasoning or reply["meta"].get("reasoning", "")
-        if reasoning:  # what streamed stays, also when the turn failed midway
-            meta["reasoning"] = reasoning
-        if result.calls:
-            meta["tool_calls"] = [c.to_dict() for c in result.calls]
+        # what streamed stays, also when the turn failed midway
+        reply.reasoning = result.reasoning or reply.reasoning
+        reply.tool_calls = list(result.calls)
         if result.finish == "error":
-            meta["error"] = result.error
+            reply.error = result.error
         elif result.finish == "length":
-            meta["cut"] = True  # max tokens reached
+            reply.cut = True  # max tokens reached
         text = before + result.text if continued is not None else result.text
-        self.store.update_reply(reply, text or reply["content"], "done", meta)
+        self.store.update_reply(reply, text or reply.content, "done")
         self.runtime.emit(MessageDone(self, reply))
         return result
 

@@ -15,19 +15,20 @@ import jsonschema
 from lucedesk.agent.events import MessageAdded, MessageDone
 from lucedesk.agent.tool_error import ToolError
 from lucedesk.agent.tools.base import ToolContext, ToolSpec
-from lucedesk.engine import ToolCall
+from lucedesk.chat import ToolCall
+from lucedesk.store import StoredMessage
 
 if TYPE_CHECKING:
-    from lucedesk.agent.session import AgentSession
+    from lucedesk.agent.live import LiveSession
 
 log = logging.getLogger(__name__)
 
 # (the call, its stored tool message, its tool or None when the session may not call it)
-Pending = tuple[ToolCall, dict, ToolSpec | None]
+Pending = tuple[ToolCall, StoredMessage, ToolSpec | None]
 
 
 async def run_calls(
-    session: AgentSession, calls: list[ToolCall], specs: dict[str, ToolSpec] | None = None
+    session: LiveSession, calls: list[ToolCall], specs: dict[str, ToolSpec] | None = None
 ) -> None:
     """Runs one turn's calls (`specs`: the tools by name, the session's own by default). Calls
     that only look (and task calls) run together; one that writes or runs something runs
@@ -35,8 +36,17 @@ async def run_calls(
     specs = specs if specs is not None else {t.name: t for t in session.tools()}
     pending = []
     for call in calls:
-        meta = {"tool_call_id": call.id, "name": call.name, "arguments": call.arguments}
-        message = session.store.add_message(session.record, "tool", "", "streaming", meta)
+        message = session.store.add_message(
+            session.record,
+            StoredMessage(
+                "tool",
+                "",
+                "streaming",
+                tool_call_id=call.id,
+                name=call.name,
+                arguments=call.arguments,
+            ),
+        )
         session.runtime.emit(MessageAdded(session, message))
         pending.append((call, message))
     children = 0
@@ -59,7 +69,7 @@ async def run_calls(
         await _run_batch(session, batch)
 
 
-async def _run_batch(session: AgentSession, batch: list[Pending]) -> None:
+async def _run_batch(session: LiveSession, batch: list[Pending]) -> None:
     names = ", ".join(call.name for call, _, _ in batch)
     session.set_phase(f"tool {names}" if len(batch) < 3 else f"{len(batch)} tools")
     await asyncio.gather(
@@ -68,27 +78,25 @@ async def _run_batch(session: AgentSession, batch: list[Pending]) -> None:
 
 
 async def _run_call(
-    session: AgentSession, call: ToolCall, message: dict, spec: ToolSpec | None
+    session: LiveSession, call: ToolCall, message: StoredMessage, spec: ToolSpec | None
 ) -> None:
-    meta = dict(message["meta"])
     try:
         text = await call_tool(session, call, spec)
-        meta["error"] = False
     except ToolError as exc:
-        text, meta["error"] = f"error: {exc}", True
+        text = message.error = f"error: {exc}"
     except asyncio.CancelledError:
-        meta["error"] = True
-        session.store.update_reply(message, "cancelled", "done", meta)
+        message.error = "cancelled"
+        session.store.update_reply(message, "cancelled", "done")
         session.runtime.emit(MessageDone(session, message))
         raise
     except Exception as exc:  # a tool's own bug: the model and the log hear of it
         log.exception("tool %s failed", call.name)
-        text, meta["error"] = f"error: the tool failed ({type(exc).__name__}: {exc})", True
-    session.store.update_reply(message, text, "done", meta)
+        text = message.error = f"error: the tool failed ({type(exc).__name__}: {exc})"
+    session.store.update_reply(message, text, "done")
     session.runtime.emit(MessageDone(session, message))
 
 
-async def call_tool(session: AgentSession, call: ToolCall, spec: ToolSpec | None) -> str:
+async def call_tool(session: LiveSession, call: ToolCall, spec: ToolSpec | None) -> str:
     """The result of one call; a ToolError the model reads when the tool is not there, the
     arguments do not fit its schema, or the tool itself refuses."""
     if spec is None:
@@ -112,7 +120,9 @@ async def call_tool(session: AgentSession, call: ToolCall, spec: ToolSpec | None
     workspace = session.workspace
     if workspace is None and spec.access != "task":
         raise ToolError("this session has no workspace")
-    ctx = ToolContext(workspace, session.runtime.approvals, session)
+    ctx = ToolContext(
+        workspace, session.runtime.approvals, session.title, session.run_child, session
+    )
     try:
         return await spec.handler(ctx, args)
     except OSError as exc:  # a file that went away mid-call, a name too long: the model's

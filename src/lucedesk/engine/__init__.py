@@ -1,14 +1,12 @@
-"""The engine's front door: every name a client (server, TUI, agents, CLI, bench) needs.
+"""The engine's front door: every name a client (the chat layer, server, TUI, agents, CLI,
+bench) needs. The engine knows tokens, never chat messages:
 
-    prompt = engine.encode_chat(messages, tools, tool_choice, response_format=...)
-    params = SamplingParams(max_tokens=engine.output_room(len(prompt.token_ids), None),
-                            grammar=prompt.grammar)
-    handle = engine.submit(prompt.token_ids, params, owner="me")
-    async for out in handle: ...            # RequestOutput deltas; prompt.parser() reads calls
+    params = SamplingParams(max_tokens=engine.output_room(len(token_ids), None), grammar=g)
+    handle = engine.submit(token_ids, params, owner="me")
+    async for out in handle: ...            # RequestOutput deltas
 
-or, for a chat turn with its reply read as text and tool-call events, in one call:
-
-    turn = submit_turn(engine, TurnRequest(messages, tools, tool_choice), owner="me")
+A chat becomes tokens and a grammar in the chat layer (lucedesk.chat: ChatEncoder, or a
+whole turn with submit_turn).
 
 Clients import from here, never from the modules behind it. This module imports no torch;
 the names that build an engine (and load torch) are loaded on first use.
@@ -18,62 +16,52 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lucedesk.engine.chat_encoder import ChatPrompt
 from lucedesk.engine.engine import Engine, EngineNotReady, ModelInfo, QueueFullError
-from lucedesk.engine.grammar import Grammar
+from lucedesk.engine.grammar import JSON_OPTIONS, Grammar
 from lucedesk.engine.handle import Completion, RequestHandle, RequestOutput, TokenLogprob
-from lucedesk.engine.messages import CallLedger, ChatMessage, Tool, ToolCall, ToolChoice
+from lucedesk.engine.models.harmony_tokens import ENDS as HARMONY_ENDS
+from lucedesk.engine.models.harmony_tokens import MARKERS as HARMONY_MARKERS
+from lucedesk.engine.models.harmony_tokens import is_harmony
+from lucedesk.engine.models.tokenizer import Tokenizer
+from lucedesk.engine.output import overlap_with_start
 from lucedesk.engine.request import MAX_TOP_LOGPROBS, FinishReason, SamplingParams
 from lucedesk.engine.stats import EngineStats, HistogramSnapshot, SlotStats
-from lucedesk.engine.tool_parser import CallDelta, TextDelta, ToolCallParser
-from lucedesk.engine.turn import (
-    ReasoningPiece,
-    TextPiece,
-    Turn,
-    TurnEnd,
-    TurnEvent,
-    TurnRequest,
-    TurnResult,
-    start_turn,
-    submit_turn,
-)
 from lucedesk.errors import ContextOverflow, RequestError
 
 if TYPE_CHECKING:
     from lucedesk.engine.build import (
         BuiltEngine,
-        available_memory,
         check_device,
-        derive_pool_tokens,
         kernel_build_notice,
-        kv_bytes_per_token,
         launch_engine,
         resolve_device,
         resolve_dtype,
     )
-    from lucedesk.engine.memory import Fit, MemoryNeed, return_free_memory
-    from lucedesk.engine.memory import estimate as estimate_memory
+    from lucedesk.engine.memory import (
+        available_memory,
+        dtype_name,
+        fit_now,
+        return_free_memory,
+        unreadable,
+    )
     from lucedesk.engine.models.loader import read_model_config
 
 _BUILD_NAMES = (
     "BuiltEngine",
-    "available_memory",
     "check_device",
-    "derive_pool_tokens",
     "kernel_build_notice",
-    "kv_bytes_per_token",
     "launch_engine",
     "resolve_device",
     "resolve_dtype",
 )
+_MEMORY_NAMES = ("available_memory", "dtype_name", "fit_now", "return_free_memory", "unreadable")
 
 __all__ = [
+    "HARMONY_ENDS",
+    "HARMONY_MARKERS",
+    "JSON_OPTIONS",
     "MAX_TOP_LOGPROBS",
     "BuiltEngine",
-    "CallDelta",
-    "CallLedger",
-    "ChatMessage",
-    "ChatPrompt",
     "Completion",
     "ContextOverflow",
     "Engine",
@@ -84,39 +72,26 @@ __all__ = [
     "HistogramSnapshot",
     "ModelInfo",
     "QueueFullError",
-    "ReasoningPiece",
     "RequestError",
     "RequestHandle",
     "RequestOutput",
     "SamplingParams",
     "SlotStats",
-    "TextDelta",
-    "TextPiece",
     "TokenLogprob",
-    "Tool",
-    "ToolCall",
-    "ToolCallParser",
-    "ToolChoice",
-    "Turn",
-    "TurnEnd",
-    "TurnEvent",
-    "TurnRequest",
-    "TurnResult",
+    "Tokenizer",
     "check_device",
+    "is_harmony",
+    "overlap_with_start",
     "kernel_build_notice",
-    "available_memory",
-    "derive_pool_tokens",
-    "kv_bytes_per_token",
     "read_model_config",
-    "Fit",
-    "MemoryNeed",
+    "available_memory",
+    "dtype_name",
+    "fit_now",
     "return_free_memory",
-    "estimate_memory",
+    "unreadable",
     "resolve_device",
     "resolve_dtype",
     "launch_engine",
-    "start_turn",
-    "submit_turn",
 ]
 
 
@@ -125,10 +100,10 @@ def __getattr__(name: str):
         from lucedesk.engine import build
 
         return getattr(build, name)
-    if name in ("Fit", "MemoryNeed", "estimate_memory", "return_free_memory"):
+    if name in _MEMORY_NAMES:
         from lucedesk.engine import memory
 
-        return getattr(memory, "estimate" if name == "estimate_memory" else name)
+        return getattr(memory, name)
     if name == "read_model_config":
         from lucedesk.engine.models.loader import read_model_config
 

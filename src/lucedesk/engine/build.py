@@ -12,16 +12,11 @@ from pathlib import Path
 
 import torch
 
+from lucedesk.catalog.fit import check_fits, derive_pool_tokens, kv_bytes_per_token
 from lucedesk.config import EngineConfig
 from lucedesk.engine.device import resolve_device, resolve_dtype
 from lucedesk.engine.engine import Engine, ModelInfo
-from lucedesk.engine.memory import (
-    available_memory,
-    check_fits,
-    derive_pool_tokens,
-    kv_bytes_per_token,
-    return_free_memory,
-)
+from lucedesk.engine.memory import available_memory, dtype_name, return_free_memory
 from lucedesk.engine.models.decoder import DecoderModel, Projection
 from lucedesk.engine.models.expert_weights import (
     experts_fit,
@@ -85,7 +80,7 @@ def build_engine(
 ) -> BuiltEngine:
     """The engine for a model file or folder; `name` is what it is called (its file's stem
     by default), `chat_template` replaces the file's own template. With `check_fit`, one
-    that cannot fit the memory free is refused before it loads (engine/memory.py)."""
+    that cannot fit the memory free is refused before it loads (catalog/fit.py)."""
     from lucedesk.catalog.summary import summarize_path
 
     device = check_device(config)
@@ -95,7 +90,8 @@ def build_engine(
     path = Path(model_path).expanduser()
     if check_fit and path.exists():  # a missing one is the loader's to report
         free = available_memory(device, config.unified_memory)
-        check_fits(summarize_path(path), config, device, dtype, free, name or path.name)
+        what = name or path.name
+        check_fits(summarize_path(path), config, device.type, dtype_name(dtype), free, what)
     # A GGUF mixture's experts stay in the file until their format is chosen (assemble).
     loaded = load_model(path, dtype, lazy_experts=True, name=name, chat_template=chat_template)
     loaded.model.to(device)
@@ -163,10 +159,10 @@ def assemble(loaded: LoadedModel, config: EngineConfig, device: torch.device) ->
     # The weights take their final form first (a mixture's experts are read from the file
     # only now): the KV pool is sized from the memory left after them.
     weights = apply_weight_format(model, config.weights, kernels)
-    pool_tokens = derive_pool_tokens(
-        config, loaded.config, model.dtype, available_memory(device, config.unified_memory), max_len
-    )
-    pool_bytes = pool_tokens * kv_bytes_per_token(loaded.config, model.dtype, config.kv_dtype)
+    dtype = dtype_name(model.dtype)
+    free = available_memory(device, config.unified_memory)
+    pool_tokens = derive_pool_tokens(config, loaded.config, dtype, free, max_len)
+    pool_bytes = pool_tokens * kv_bytes_per_token(loaded.config, dtype, config.kv_dtype)
     num_blocks = max(pool_tokens // config.block_size, 1)
     runner = TorchSeqEngine(model, num_blocks, config.block_size, kernels, device, config.kv_dtype)
     scheduler = Scheduler(config, num_blocks, max_len)

@@ -1,19 +1,17 @@
-"""The engine's front door: Engine checks and builds a request before the engine thread
-(engine_loop.py) takes it, encodes chats (chat_encoder.py), compiles grammars and answers
-what room a prompt leaves; clients submit, cancel and read handles."""
+"""The engine as clients hold it: Engine checks and builds a request before the engine thread
+(engine_loop.py) takes it, compiles grammars and answers what room a prompt leaves; clients
+submit token ids, cancel and read handles. It knows tokens, never chat messages: the chat
+layer (lucedesk.chat) turns a chat into tokens and a grammar."""
 
 from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from lucedesk.engine.chat_encoder import ChatEncoder, ChatPrompt
 from lucedesk.engine.engine_loop import EngineLoop
 from lucedesk.engine.grammar import Grammar, GrammarCompiler
 from lucedesk.engine.handle import RequestHandle
-from lucedesk.engine.messages import ChatMessage, Tool, ToolChoice
 from lucedesk.engine.models.tokenizer import Tokenizer
 from lucedesk.engine.request import Request, SamplingParams
 from lucedesk.engine.scheduler import Scheduler
@@ -62,7 +60,6 @@ class Engine(EngineLoop):
         self.grammars = GrammarCompiler(
             tokenizer, getattr(seq_engine, "vocab_size", tokenizer.vocab_size)
         )
-        self.chat = ChatEncoder(tokenizer, self.grammars)
         self._ids = itertools.count()
         self._warming: threading.Thread | None = None
 
@@ -81,33 +78,6 @@ class Engine(EngineLoop):
         super().shutdown(drain, timeout)
         if self._warming is not None:
             self._warming.join(30.0)
-
-    def encode_chat(
-        self,
-        messages: Iterable[ChatMessage | Mapping],
-        tools: list[Tool] | None = None,
-        tool_choice: ToolChoice | None = None,
-        parallel_tool_calls: bool = True,
-        response_format: Grammar | None = None,
-        reasoning: str | None = None,
-        continue_final: bool = False,
-    ) -> ChatPrompt:
-        """The prompt for a chat and the grammar its reply must follow (chat_encoder.py);
-        raises RequestError naming the bad field."""
-        return self.chat.encode(
-            messages,
-            tools,
-            tool_choice,
-            parallel_tool_calls,
-            response_format,
-            reasoning,
-            continue_final,
-        )
-
-    @property
-    def reasoning_format(self) -> str | None:
-        """How the loaded model reasons: "think", "harmony" or None."""
-        return self.chat.reasoning_format
 
     def check_grammar(self, grammar: Grammar) -> None:
         """Raises RequestError (naming the grammar's field) if it cannot be compiled."""

@@ -10,13 +10,11 @@ on its own request's tokens, so batching cannot change what it allows.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from lucedesk.engine.json_schema import grammar_schema
 from lucedesk.errors import RequestError
 
 if TYPE_CHECKING:
@@ -40,20 +38,9 @@ class Grammar:
     kind: GrammarKind
     source: str
     field: str = "grammar"
-    # The whole schema, when the grammar holds only part of it (json_schema.py): the output
-    # is checked against it after it is written.
+    # The whole schema, when the grammar holds only part of it (chat/json_schema.py): the
+    # output is checked against it after it is written.
     strict: str | None = None
-
-    @classmethod
-    def json_schema(cls, schema: dict | bool, field: str = "response_format") -> Grammar:
-        """Raises RequestError naming a bound the grammar cannot meet."""
-        loose = grammar_schema(schema, field)
-        strict = json.dumps(schema) if loose.dropped else None
-        return cls("json_schema", json.dumps(loose.schema), field, strict)
-
-    @classmethod
-    def json_object(cls, field: str = "response_format") -> Grammar:
-        return cls.json_schema({"type": "object"}, field)
 
     @classmethod
     def regex(cls, pattern: str, field: str = "grammar") -> Grammar:

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from lucedesk.engine.handle import RequestHandle, RequestOutput, TokenLogprob
 from lucedesk.engine.models.tokenizer import IncrementalDetokenizer, Tokenizer
 from lucedesk.engine.request import FinishReason, Request
-from lucedesk.engine.tool_parser import overlap_with_start
 
 log = logging.getLogger(__name__)
 
@@ -147,3 +146,12 @@ class OutputProcessor:
                 stop_sequence=s.stop_sequence if final else None,
             )
         )
+
+
+def overlap_with_start(text: str, marker: str) -> int:
+    """Length of the longest end of `text` that is a proper start of `marker` (a tail to
+    hold back: it may grow into the marker)."""
+    for k in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:k]):
+            return k
+    return 0

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from lucedesk.engine import Turn
+    from lucedesk.chat import Turn
 
 log = logging.getLogger("lucedesk.access")
 ERROR_BODY_LIMIT = 8192  # what is kept of an error answer to find its message in

@@ -9,21 +9,19 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 
-from lucedesk.engine import (
+from lucedesk.chat import (
     CallDelta,
+    ChatEncoder,
     ReasoningPiece,
     TextPiece,
     TurnEnd,
-    TurnRequest,
     TurnResult,
 )
 from lucedesk.server.anthropic_wire import (
     CountTokensRequest,
     MessagesRequest,
-    effort_of,
     messages_of,
-    output_format_of,
-    tool_choice_of,
+    to_turn_request,
     tools_of,
 )
 from lucedesk.server.errors import generation_failed
@@ -67,25 +65,7 @@ def routes(served: Served) -> APIRouter:
     @router.post("/v1/messages")
     async def messages(body: MessagesRequest, request: Request):
         served.check_model(body.model)
-        choice, parallel = tool_choice_of(body.tool_choice)
-        turn = await start_client_turn(
-            served.engine(),
-            TurnRequest(
-                messages=messages_of(body),
-                tools=tools_of(body),
-                tool_choice=choice,
-                parallel_tool_calls=parallel,
-                max_tokens=body.max_tokens,
-                temperature=body.temperature,
-                top_p=body.top_p,
-                top_k=body.top_k,
-                stop=tuple(body.stop_sequences or ()),
-                reasoning=effort_of(body),
-                response_format=output_format_of(body),
-                field_names={"stop": "stop_sequences"},
-            ),
-            request,
-        )
+        turn = await start_client_turn(served.engine(), to_turn_request(body), request)
         mid = "msg_" + uuid.uuid4().hex[:24]
         omitted = body.thinking is not None and body.thinking.display == "omitted"
         if body.stream:
@@ -117,7 +97,7 @@ def routes(served: Served) -> APIRouter:
     @router.post("/v1/messages/count_tokens")
     def count_tokens(body: CountTokensRequest):  # sync: FastAPI runs it off the loop
         served.check_model(body.model)
-        prompt = served.engine().encode_chat(messages_of(body), tools_of(body))
+        prompt = ChatEncoder.of(served.engine()).encode(messages_of(body), tools_of(body))
         return {"input_tokens": len(prompt.token_ids)}
 
     return router

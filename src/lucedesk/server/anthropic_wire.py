@@ -9,15 +9,18 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lucedesk.engine import (
+from lucedesk.chat import (
     CallLedger,
     ChatMessage,
-    Grammar,
-    RequestError,
+    Sampling,
     Tool,
     ToolCall,
     ToolChoice,
+    TurnRequest,
+    WireNames,
+    schema_grammar,
 )
+from lucedesk.engine import Grammar, RequestError
 from lucedesk.server.errors import TEXT_ONLY, not_text
 
 log = logging.getLogger(__name__)
@@ -234,11 +237,31 @@ def reasoning_of(spec: ThinkingSpec | None) -> str | None:
     return "low" if budget < 4096 else "medium" if budget < 16384 else "high"
 
 
+def to_turn_request(body: MessagesRequest) -> TurnRequest:
+    choice, parallel = tool_choice_of(body.tool_choice)
+    return TurnRequest(
+        messages=messages_of(body),
+        tools=tools_of(body),
+        tool_choice=choice,
+        parallel_tool_calls=parallel,
+        reasoning=effort_of(body),
+        response_format=output_format_of(body),
+        sampling=Sampling(
+            max_tokens=body.max_tokens,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            top_k=body.top_k,
+            stop=tuple(body.stop_sequences or ()),
+        ),
+        names=WireNames(fields={"stop": "stop_sequences"}),
+    )
+
+
 def output_format_of(body: MessagesRequest) -> Grammar | None:
     if body.output_config is not None and body.output_config.format is not None:
-        return Grammar.json_schema(body.output_config.format.schema_, "output_config.format")
+        return schema_grammar(body.output_config.format.schema_, "output_config.format")
     if body.output_format is not None:
-        return Grammar.json_schema(body.output_format.schema_, "output_format")
+        return schema_grammar(body.output_format.schema_, "output_format")
     return None
 
 

@@ -12,14 +12,13 @@ from datetime import UTC, datetime
 from fastapi import APIRouter, Request
 
 from lucedesk import __version__
-from lucedesk.engine import (
+from lucedesk.chat import (
     CallDelta,
-    ChatMessage,
     ReasoningPiece,
     TextPiece,
     ToolCall,
     TurnEnd,
-    TurnRequest,
+    reasoning_format,
 )
 from lucedesk.server.errors import IMAGES, APIError, generation_failed
 from lucedesk.server.ollama_wire import (
@@ -27,12 +26,8 @@ from lucedesk.server.ollama_wire import (
     GenerateRequest,
     ModelRequest,
     Think,
-    grammar_of,
-    messages_of,
-    sampling_of,
-    tools_of,
+    to_turn_request,
 )
-from lucedesk.server.openai_wire import tool_choice_of
 from lucedesk.server.replies import Json, TurnStream, dumps
 from lucedesk.server.served import Served, complete, start_client_turn
 
@@ -45,7 +40,7 @@ def reasoning_of(think: Think, served: Served) -> str | None:
     error, as in Ollama."""
     if think is None:
         return None
-    if think is not False and served.engine().reasoning_format is None:
+    if think is not False and reasoning_format(served.engine().tokenizer.chat_template) is None:
         raise APIError(400, f'"{served.model_id}" does not support thinking', "think")
     if isinstance(think, bool):
         return "medium" if think else "none"
@@ -114,7 +109,7 @@ def routes(served: Served) -> APIRouter:
                 f"{arch}.context_length": info.context_length,
             },
             "capabilities": ["completion", "tools"]
-            + (["thinking"] if eng.reasoning_format is not None else []),
+            + (["thinking"] if reasoning_format(eng.tokenizer.chat_template) is not None else []),
         }
 
     # Not an operation this server offers, so kept out of the OpenAPI document.
@@ -128,18 +123,8 @@ def routes(served: Served) -> APIRouter:
         served.check_model(body.model)
         if not body.messages:  # Ollama's way to load a model: answer at once
             return Json(_done_line(served.model_id, "load", 0, 0, 0.0, chat=True))
-        turn = await start_client_turn(
-            served.engine(),
-            TurnRequest(
-                messages=messages_of(body),
-                tools=tools_of(body),
-                tool_choice=tool_choice_of(body),
-                response_format=grammar_of(body.format),
-                reasoning=reasoning_of(body.think, served),
-                **sampling_of(body.options),
-            ),
-            request,
-        )
+        turn_request = to_turn_request(body, reasoning_of(body.think, served))
+        turn = await start_client_turn(served.engine(), turn_request, request)
         return await answer(turn, body.stream, served.model_id, request, chat=True)
 
     @router.post("/api/generate")
@@ -149,24 +134,8 @@ def routes(served: Served) -> APIRouter:
             raise APIError(400, f"images: {IMAGES}", "images")
         if not body.prompt:  # loads the model: answer at once
             return Json(_done_line(served.model_id, "load", 0, 0, 0.0, chat=False))
-        eng = served.engine()
-        if body.raw:
-            request_fields = {"prompt_text": body.prompt}
-        else:
-            messages = [ChatMessage("system", body.system)] if body.system else []
-            messages.append(ChatMessage("user", body.prompt))
-            request_fields = {"messages": messages}
-        turn = await start_client_turn(
-            eng,
-            TurnRequest(
-                **request_fields,
-                prompt_field="prompt",
-                response_format=grammar_of(body.format),
-                reasoning=reasoning_of(body.think, served),
-                **sampling_of(body.options),
-            ),
-            request,
-        )
+        turn_request = to_turn_request(body, reasoning_of(body.think, served))
+        turn = await start_client_turn(served.engine(), turn_request, request)
         return await answer(turn, body.stream, served.model_id, request, chat=False)
 
     return router

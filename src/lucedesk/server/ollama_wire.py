@@ -8,9 +8,21 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lucedesk.engine import CallLedger, ChatMessage, Grammar, RequestError, Tool, ToolCall
+from lucedesk.chat import (
+    CallLedger,
+    ChatMessage,
+    RawPrompt,
+    Sampling,
+    Tool,
+    ToolCall,
+    TurnRequest,
+    WireNames,
+    json_object,
+    schema_grammar,
+)
+from lucedesk.engine import Grammar, RequestError
 from lucedesk.server.errors import IMAGES
-from lucedesk.server.openai_wire import NamedToolChoice
+from lucedesk.server.openai_wire import NamedToolChoice, tool_choice_of
 
 # How hard a model thinks: a switch, or gpt-oss's levels.
 Think = bool | Literal["low", "medium", "high", "max"] | None
@@ -86,15 +98,48 @@ def grammar_of(fmt: str | dict | None) -> Grammar | None:
     if fmt is None or fmt == "":
         return None
     if fmt == "json":
-        return Grammar.json_object("format")
+        return json_object("format")
     if isinstance(fmt, dict):
-        return Grammar.json_schema(fmt, "format")
+        return schema_grammar(fmt, "format")
     raise RequestError(f"format must be 'json' or a JSON schema (got {fmt!r})", "format")
 
 
-def sampling_of(options: Options | None) -> dict:
+def to_turn_request(body: ChatRequest | GenerateRequest, reasoning: str | None) -> TurnRequest:
+    """A chat's turn, or a generate's: its prompt (raw, or as a user message under the
+    system one) under the options; `reasoning` is `think` as a level (ollama_api)."""
+    sampling, names = sampling_of(body.options)
+    if isinstance(body, ChatRequest):
+        return TurnRequest(
+            messages=messages_of(body),
+            tools=tools_of(body),
+            tool_choice=tool_choice_of(body),
+            reasoning=reasoning,
+            response_format=grammar_of(body.format),
+            sampling=sampling,
+            names=names,
+        )
+    names.prompt = "prompt"
+    if body.raw:
+        return TurnRequest(
+            raw=RawPrompt(text=body.prompt),
+            response_format=grammar_of(body.format),
+            sampling=sampling,
+            names=names,
+        )
+    messages = [ChatMessage("system", body.system)] if body.system else []
+    messages.append(ChatMessage("user", body.prompt))
+    return TurnRequest(
+        messages=messages,
+        reasoning=reasoning,
+        response_format=grammar_of(body.format),
+        sampling=sampling,
+        names=names,
+    )
+
+
+def sampling_of(options: Options | None) -> tuple[Sampling, WireNames]:
     o = options or Options()
-    return dict(
+    sampling = Sampling(
         max_tokens=o.num_predict if o.num_predict and o.num_predict > 0 else None,
         temperature=o.temperature,
         top_p=o.top_p,
@@ -104,11 +149,10 @@ def sampling_of(options: Options | None) -> dict:
         stop=tuple(o.stop or ()),
         ignore_eos=bool(o.ignore_eos),
         speculative=o.speculative,
-        field_names={
-            "max_tokens": "options.num_predict",
-            **{f: f"options.{f}" for f in ("temperature", "top_p", "top_k", "min_p", "stop")},
-        },
     )
+    fields = {"max_tokens": "options.num_predict"}
+    fields |= {f: f"options.{f}" for f in ("temperature", "top_p", "top_k", "min_p", "stop")}
+    return sampling, WireNames(fields=fields)
 
 
 def messages_of(body: ChatRequest) -> list[ChatMessage]:

@@ -9,35 +9,14 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 
-from lucedesk.engine import (
-    CallDelta,
-    ReasoningPiece,
-    TextPiece,
-    Turn,
-    TurnEnd,
-    TurnRequest,
-)
+from lucedesk.chat import CallDelta, ReasoningPiece, TextPiece, ToolCall, Turn, TurnEnd
+from lucedesk.engine import Engine, TokenLogprob
 from lucedesk.server import errors
 from lucedesk.server import openai_wire as wire
 from lucedesk.server.errors import APIError, generation_failed
 from lucedesk.server.openai_wire import ChatCompletionRequest, CompletionRequest, SamplingFields
 from lucedesk.server.replies import Json, TurnStream, dumps
 from lucedesk.server.served import Served, complete, start_client_turn
-
-
-def sampling_of(body: SamplingFields, max_tokens: int | None) -> dict:
-    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    return dict(
-        max_tokens=max_tokens,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=body.top_k,
-        min_p=body.min_p,
-        seed=body.seed,
-        stop=tuple(stop),
-        ignore_eos=bool(body.ignore_eos),
-        speculative=body.speculative,
-    )
 
 
 def routes(served: Served) -> APIRouter:
@@ -51,17 +30,7 @@ def routes(served: Served) -> APIRouter:
     @router.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
         check_common(body)
-        turn_request = TurnRequest(
-            messages=wire.messages_of(body),
-            tools=wire.tools_of(body),
-            tool_choice=wire.tool_choice_of(body),
-            parallel_tool_calls=body.parallel_tool_calls is not False and not body.legacy_functions,
-            response_format=wire.grammar_of(body.response_format),
-            reasoning=wire.reasoning_of(body),
-            continue_final=body.continue_final_message,
-            logprobs=(body.top_logprobs or 0) if body.logprobs else None,
-            **sampling_of(body, body.max_completion_tokens or body.max_tokens),
-        )
+        turn_request = wire.to_turn_request(body)
         turn = await start_client_turn(served.engine(), turn_request, request)
         reply = Reply(served, turn, True, bool(body.logprobs), body.legacy_functions)
         return await reply.answer(body, request)
@@ -69,23 +38,8 @@ def routes(served: Served) -> APIRouter:
     @router.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         check_common(body)
-        engine = served.engine()
-        if isinstance(body.prompt, str):
-            prompt = {"prompt_text": body.prompt}
-        elif body.prompt and all(isinstance(p, str) for p in body.prompt):
-            if len(body.prompt) != 1:
-                raise APIError(400, "only one prompt per request is supported", "prompt")
-            prompt = {"prompt_text": body.prompt[0]}
-        else:
-            prompt = {"prompt_ids": list(body.prompt)}
-        turn_request = TurnRequest(
-            **prompt,
-            prompt_field="prompt",
-            response_format=wire.grammar_of(body.response_format),
-            logprobs=body.logprobs,
-            **sampling_of(body, body.max_tokens),
-        )
-        turn = await start_client_turn(engine, turn_request, request)
+        turn_request = wire.to_turn_request(body)
+        turn = await start_client_turn(served.engine(), turn_request, request)
         reply = Reply(served, turn, chat=False, logprobs=body.logprobs is not None)
         return await reply.answer(body, request)
 
@@ -103,7 +57,7 @@ class Reply:
         self.rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.model = served.model_id
-        self.format_logprobs = wire.LogprobFormatter(turn.engine)
+        self.format_logprobs = LogprobFormatter(turn.engine)
         self.text_offset = 0  # of the next streamed token, for text completions' logprobs
 
     async def answer(self, body: SamplingFields, request: Request):
@@ -116,10 +70,10 @@ class Reply:
             fmt = self.format_logprobs
             logprobs = fmt.chat(done.logprobs) if self.chat else fmt.completion(done.logprobs)
         if self.chat:
-            message_of = wire.legacy_message_of if self.legacy_functions else wire.message_of
+            shape = legacy_message_of if self.legacy_functions else message_of
             choice = {
                 "index": 0,
-                "message": message_of(done.text, done.calls, done.reasoning),
+                "message": shape(done.text, done.calls, done.reasoning),
                 "finish_reason": self.finish_reason(done.finish),
                 "logprobs": logprobs,
             }
@@ -137,7 +91,7 @@ class Reply:
                 "created": self.created,
                 "model": self.model,
                 "choices": [choice],
-                "usage": wire.usage(
+                "usage": usage(
                     done.num_prompt_tokens, done.num_output_tokens, done.num_cached_tokens
                 ),
             }
@@ -179,12 +133,12 @@ class Reply:
                     delta = {"content": event.text} if event.text else {}
                     yield self.event(self.piece(delta, event.logprobs))
             elif isinstance(event, ReasoningPiece):
-                yield self.event(self.piece(wire.reasoning_delta(event.text)))
+                yield self.event(self.piece(reasoning_delta(event.text)))
             elif isinstance(event, CallDelta):
                 if not self.legacy_functions:
-                    yield self.event(self.piece(wire.call_delta(event)))
+                    yield self.event(self.piece(call_delta(event)))
                 elif event.index == 0:  # the legacy API holds one call
-                    yield self.event(self.piece(wire.legacy_call_delta(event)))
+                    yield self.event(self.piece(legacy_call_delta(event)))
             elif isinstance(event, TurnEnd):
                 if event.logprobs and self.want_logprobs:
                     yield self.event(self.piece({}, event.logprobs))
@@ -196,8 +150,109 @@ class Reply:
                 else:
                     yield self.event(self.piece({}, (), self.finish_reason(event.finish)))
                 if include_usage:
-                    usage = wire.usage(
+                    counts = usage(
                         event.num_prompt_tokens, event.num_output_tokens, event.num_cached_tokens
                     )
-                    yield self.event(None, usage)
+                    yield self.event(None, counts)
         yield "data: [DONE]\n\n"
+
+
+# -- responses --------------------------------------------------------------------------------
+
+
+def usage(num_prompt: int, num_output: int, num_cached: int = 0) -> dict:
+    """`cached_tokens`: prompt tokens the prefix cache held (not computed again)."""
+    return {
+        "prompt_tokens": num_prompt,
+        "completion_tokens": num_output,
+        "total_tokens": num_prompt + num_output,
+        "prompt_tokens_details": {"cached_tokens": num_cached},
+    }
+
+
+class LogprobFormatter:
+    """Token logprobs as OpenAI shows them: chat's `content` list and the text completion's
+    parallel lists."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def _token(self, token_id: int) -> tuple[str, list[int]]:
+        raw = self.engine.token_bytes(token_id)
+        return raw.decode("utf-8", errors="replace"), list(raw)
+
+    def chat(self, logprobs: list[TokenLogprob] | tuple[TokenLogprob, ...]) -> dict:
+        content = []
+        for lp in logprobs:
+            text, raw = self._token(lp.token_id)
+            top = []
+            for tid, value in lp.top:
+                t, b = self._token(tid)
+                top.append({"token": t, "logprob": value, "bytes": b})
+            content.append(
+                {"token": text, "logprob": lp.logprob, "bytes": raw, "top_logprobs": top}
+            )
+        return {"content": content, "refusal": None}
+
+    def completion(self, logprobs, text_offset: int = 0) -> dict:
+        tokens, values, tops, offsets = [], [], [], []
+        for lp in logprobs:
+            text, _ = self._token(lp.token_id)
+            tokens.append(text)
+            values.append(lp.logprob)
+            top: dict[str, float] = {}
+            for tid, v in lp.top:  # tokens of equal text share a key: the likelier one stays
+                top.setdefault(self._token(tid)[0], v)
+            tops.append(top)
+            offsets.append(text_offset)
+            text_offset += len(text)
+        return {
+            "tokens": tokens,
+            "token_logprobs": values,
+            "top_logprobs": tops,
+            "text_offset": offsets,
+        }
+
+
+def message_of(content: str, calls: list[ToolCall], reasoning: str = "") -> dict:
+    """The assistant message of a whole reply: content (None when only calls were made and
+    nothing but whitespace surrounds them), tool_calls, and the reasoning under both names
+    clients read it by (llama.cpp's reasoning_content, vLLM's reasoning)."""
+    message: dict = {"role": "assistant", "content": content}
+    if calls:
+        message["content"] = content if content.strip() else None
+        message["tool_calls"] = [c.openai() for c in calls]
+    if reasoning:
+        message |= reasoning_delta(reasoning)
+    return message
+
+
+def legacy_message_of(content: str, calls: list[ToolCall], reasoning: str = "") -> dict:
+    """The reply for the legacy functions API: its one call as `function_call`."""
+    message = message_of(content, calls[:1], reasoning)
+    if message.pop("tool_calls", None):
+        call = calls[0]
+        message["function_call"] = {"name": call.name, "arguments": call.arguments}
+    return message
+
+
+def reasoning_delta(text: str) -> dict:
+    return {"reasoning_content": text, "reasoning": text}
+
+
+def call_delta(event: CallDelta) -> dict:
+    """A stream chunk's delta for one piece of a call: id, type and name on its first piece,
+    then arguments fragments, each under the call's index."""
+    if event.id is not None:
+        function = {"name": event.name, "arguments": event.arguments}
+        call = {"index": event.index, "id": event.id, "type": "function", "function": function}
+    else:
+        call = {"index": event.index, "function": {"arguments": event.arguments}}
+    return {"tool_calls": [call]}
+
+
+def legacy_call_delta(event: CallDelta) -> dict:
+    """call_delta for the legacy functions API: `function_call`, name on the first piece."""
+    if event.id is not None:
+        return {"function_call": {"name": event.name, "arguments": event.arguments}}
+    return {"function_call": {"arguments": event.arguments}}

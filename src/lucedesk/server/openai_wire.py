@@ -1,6 +1,6 @@
-"""The OpenAI wire format: request bodies (validated by pydantic), their translation into
-engine terms (messages, tools, tool choice, grammar), and the response and stream-chunk
-shapes built from engine outputs. No routes here: app.py wires these to the engine."""
+"""The OpenAI wire format: request bodies (validated by pydantic) and their translation into
+a chat turn (`to_turn_request`: messages, tools, tool choice, grammar, sampling). The
+answers' shapes and the routes are openai_api.py's."""
 
 from __future__ import annotations
 
@@ -9,19 +9,20 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lucedesk.engine import (
-    MAX_TOP_LOGPROBS,
-    CallDelta,
+from lucedesk.chat import (
     CallLedger,
     ChatMessage,
-    Engine,
-    Grammar,
-    RequestError,
-    TokenLogprob,
+    RawPrompt,
+    Sampling,
     Tool,
     ToolCall,
     ToolChoice,
+    TurnRequest,
+    WireNames,
+    json_object,
+    schema_grammar,
 )
+from lucedesk.engine import MAX_TOP_LOGPROBS, Grammar, RequestError
 from lucedesk.server.errors import not_text
 
 log = logging.getLogger(__name__)
@@ -172,17 +173,66 @@ class CompletionRequest(SamplingFields):
 # -- requests into engine terms -----------------------------------------------------------------
 
 
+def to_turn_request(body: ChatCompletionRequest | CompletionRequest) -> TurnRequest:
+    """A chat completion's turn, or a text completion's raw one."""
+    if isinstance(body, CompletionRequest):
+        if isinstance(body.prompt, str):
+            raw = RawPrompt(text=body.prompt)
+        elif body.prompt and all(isinstance(p, str) for p in body.prompt):
+            if len(body.prompt) != 1:
+                raise RequestError("only one prompt per request is supported", "prompt")
+            raw = RawPrompt(text=str(body.prompt[0]))
+        else:
+            raw = RawPrompt(ids=[int(p) for p in body.prompt])
+        return TurnRequest(
+            raw=raw,
+            response_format=grammar_of(body.response_format),
+            sampling=sampling_of(body, body.max_tokens, body.logprobs),
+            names=WireNames("prompt"),
+        )
+    return TurnRequest(
+        messages=messages_of(body),
+        tools=tools_of(body),
+        tool_choice=tool_choice_of(body),
+        parallel_tool_calls=body.parallel_tool_calls is not False and not body.legacy_functions,
+        reasoning=reasoning_of(body),
+        continue_final=body.continue_final_message,
+        response_format=grammar_of(body.response_format),
+        sampling=sampling_of(
+            body,
+            body.max_completion_tokens or body.max_tokens,
+            (body.top_logprobs or 0) if body.logprobs else None,
+        ),
+    )
+
+
+def sampling_of(body: SamplingFields, max_tokens: int | None, logprobs: int | None) -> Sampling:
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    return Sampling(
+        max_tokens=max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        min_p=body.min_p,
+        seed=body.seed,
+        stop=tuple(stop),
+        ignore_eos=bool(body.ignore_eos),
+        speculative=body.speculative,
+        logprobs=logprobs,
+    )
+
+
 def grammar_of(fmt: ResponseFormat | None) -> Grammar | None:
     if fmt is None or fmt.type == "text":
         return None
     if fmt.type == "json_object":
-        return Grammar.json_object("response_format")
+        return json_object("response_format")
     if fmt.json_schema is None:
         raise RequestError(
             "response_format.json_schema is required when type is 'json_schema'",
             "response_format.json_schema",
         )
-    return Grammar.json_schema(fmt.json_schema.schema_, "response_format")
+    return schema_grammar(fmt.json_schema.schema_, "response_format")
 
 
 def reasoning_of(body: ChatCompletionRequest) -> str | None:
@@ -264,104 +314,3 @@ def messages_of(body: ChatCompletionRequest) -> list[ChatMessage]:
         reasoning = (m.reasoning_content or m.reasoning or "") if role == "assistant" else ""
         out.append(ChatMessage(role, text, calls, reasoning))
     return out
-
-
-# -- responses --------------------------------------------------------------------------------
-
-
-def usage(num_prompt: int, num_output: int, num_cached: int = 0) -> dict:
-    """`cached_tokens`: prompt tokens the prefix cache held (not computed again)."""
-    return {
-        "prompt_tokens": num_prompt,
-        "completion_tokens": num_output,
-        "total_tokens": num_prompt + num_output,
-        "prompt_tokens_details": {"cached_tokens": num_cached},
-    }
-
-
-class LogprobFormatter:
-    """Token logprobs as OpenAI shows them: chat's `content` list and the text completion's
-    parallel lists."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-
-    def _token(self, token_id: int) -> tuple[str, list[int]]:
-        raw = self.engine.token_bytes(token_id)
-        return raw.decode("utf-8", errors="replace"), list(raw)
-
-    def chat(self, logprobs: list[TokenLogprob] | tuple[TokenLogprob, ...]) -> dict:
-        content = []
-        for lp in logprobs:
-            text, raw = self._token(lp.token_id)
-            top = []
-            for tid, value in lp.top:
-                t, b = self._token(tid)
-                top.append({"token": t, "logprob": value, "bytes": b})
-            content.append(
-                {"token": text, "logprob": lp.logprob, "bytes": raw, "top_logprobs": top}
-            )
-        return {"content": content, "refusal": None}
-
-    def completion(self, logprobs, text_offset: int = 0) -> dict:
-        tokens, values, tops, offsets = [], [], [], []
-        for lp in logprobs:
-            text, _ = self._token(lp.token_id)
-            tokens.append(text)
-            values.append(lp.logprob)
-            top: dict[str, float] = {}
-            for tid, v in lp.top:  # tokens of equal text share a key: the likelier one stays
-                top.setdefault(self._token(tid)[0], v)
-            tops.append(top)
-            offsets.append(text_offset)
-            text_offset += len(text)
-        return {
-            "tokens": tokens,
-            "token_logprobs": values,
-            "top_logprobs": tops,
-            "text_offset": offsets,
-        }
-
-
-def message_of(content: str, calls: list[ToolCall], reasoning: str = "") -> dict:
-    """The assistant message of a whole reply: content (None when only calls were made and
-    nothing but whitespace surrounds them), tool_calls, and the reasoning under both names
-    clients read it by (llama.cpp's reasoning_content, vLLM's reasoning)."""
-    message: dict = {"role": "assistant", "content": content}
-    if calls:
-        message["content"] = content if content.strip() else None
-        message["tool_calls"] = [c.openai() for c in calls]
-    if reasoning:
-        message |= reasoning_delta(reasoning)
-    return message
-
-
-def legacy_message_of(content: str, calls: list[ToolCall], reasoning: str = "") -> dict:
-    """The reply for the legacy functions API: its one call as `function_call`."""
-    message = message_of(content, calls[:1], reasoning)
-    if message.pop("tool_calls", None):
-        call = calls[0]
-        message["function_call"] = {"name": call.name, "arguments": call.arguments}
-    return message
-
-
-def reasoning_delta(text: str) -> dict:
-    return {"reasoning_content": text, "reasoning": text}
-
-
-def call_delta(event: CallDelta) -> dict:
-    """A stream chunk's delta for one piece of a call: id, type and name on its first piece,
-    then arguments fragments, each under the call's index."""
-    if event.id is not None:
-        function = {"name": event.name, "arguments": event.arguments}
-        call = {"index": event.index, "id": event.id, "type": "function", "function": function}
-    else:
-        call = {"index": event.index, "function": {"arguments": event.arguments}}
-    return {"tool_calls": [call]}
-
-
-def legacy_call_delta(event: CallDelta) -> dict:
-    """call_delta for the legacy functions API: `function_call`, name on the first piece."""
-    if event.id is not None:
-        return {"function_call": {"name": event.name, "arguments": event.arguments}}
-    return {"function_call": {"arguments": event.arguments}}

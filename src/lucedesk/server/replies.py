@@ -7,7 +7,7 @@ import json
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from lucedesk.engine import Turn
+from lucedesk.chat import Turn
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 

@@ -10,25 +10,18 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 
-from lucedesk.engine import (
+from lucedesk.chat import (
     CallDelta,
     ReasoningPiece,
     TextPiece,
     ToolCall,
-    ToolChoice,
+    Turn,
     TurnEnd,
-    TurnRequest,
     TurnResult,
 )
 from lucedesk.server.errors import APIError, generation_failed
 from lucedesk.server.replies import Json, TurnStream, dumps
-from lucedesk.server.responses_wire import (
-    FunctionChoice,
-    ResponsesRequest,
-    grammar_of,
-    messages_of,
-    tools_of,
-)
+from lucedesk.server.responses_wire import ResponsesRequest, to_turn_request
 from lucedesk.server.served import Served, complete, start_client_turn
 
 log = logging.getLogger(__name__)
@@ -142,136 +135,142 @@ class Response:
         self.sequence += 1
         return f"event: {kind}\ndata: {dumps(payload)}\n\n"
 
-    async def stream(self, turn) -> AsyncIterator[str]:
-        yield self.event("response.created", response=self.envelope("in_progress", [], None, None))
-        yield self.event(
-            "response.in_progress", response=self.envelope("in_progress", [], None, None)
-        )
-        output: list[dict] = []
-        item: dict | None = None  # the open output item
-        text = ""
 
-        def close_item(call_status: str = "completed"):
-            nonlocal item, text
-            events = []
-            index = len(output)
-            loc = {"item_id": item["id"], "output_index": index, "content_index": 0}
-            if item["type"] == "message":
-                part = {"type": "output_text", "text": text, "annotations": []}
-                events.append(
-                    self.event("response.output_text.done", **loc, text=text, logprobs=[])
-                )
-                events.append(self.event("response.content_part.done", **loc, part=part))
-                item = self.message_item(item["id"], text)
-            elif item["type"] == "reasoning":
-                part = {"type": "reasoning_text", "text": text}
-                events.append(self.event("response.reasoning_text.done", **loc, text=text))
-                events.append(self.event("response.content_part.done", **loc, part=part))
-                item = self.reasoning_item(item["id"], text)
-            else:
-                item["status"] = call_status
-                events.append(
-                    self.event(
-                        "response.function_call_arguments.done",
-                        item_id=item["id"],
-                        output_index=index,
-                        arguments=item["arguments"],
-                    )
-                )
-            events.append(self.event("response.output_item.done", output_index=index, item=item))
-            output.append(item)
-            item, text = None, ""
-            return events
+class ResponseStream:
+    """One response as its SSE events: output items opened and closed as the turn's events
+    arrive (reasoning, then text, then calls), each item's deltas in between."""
 
-        def open_item(kind: str, part: dict):
-            nonlocal item
-            events = []
-            if item is not None and item["type"] != kind:
-                events += close_item()
-            if item is None:
-                make = self.message_item if kind == "message" else self.reasoning_item
-                item = make(
-                    ("msg_" if kind == "message" else "rs_") + uuid.uuid4().hex[:24],
-                    "",
-                    "in_progress",
-                )
-                index = len(output)
-                events.append(
-                    self.event("response.output_item.added", output_index=index, item=item)
-                )
-                events.append(
-                    self.event(
-                        "response.content_part.added",
-                        item_id=item["id"],
-                        output_index=index,
-                        content_index=0,
-                        part=part,
-                    )
-                )
-            return events
+    def __init__(self, response: Response) -> None:
+        self.r = response
+        self.output: list[dict] = []  # the items closed so far
+        self.item: dict | None = None  # the open one
+        self.text = ""  # the open message's or reasoning's text so far
 
+    async def events(self, turn: Turn) -> AsyncIterator[str]:
+        r = self.r
+        yield r.event("response.created", response=r.envelope("in_progress", [], None, None))
+        yield r.event("response.in_progress", response=r.envelope("in_progress", [], None, None))
         async for event in turn.events():
             if isinstance(event, ReasoningPiece) and event.text:
-                for e in open_item("reasoning", {"type": "reasoning_text", "text": ""}):
+                for e in self.text_delta("reasoning", event.text):
                     yield e
-                text += event.text
-                yield self.event(
-                    "response.reasoning_text.delta",
-                    item_id=item["id"],
-                    output_index=len(output),
-                    content_index=0,
-                    delta=event.text,
-                )
             elif isinstance(event, TextPiece) and event.text:
-                part = {"type": "output_text", "text": "", "annotations": []}
-                for e in open_item("message", part):
+                for e in self.text_delta("message", event.text):
                     yield e
-                text += event.text
-                yield self.event(
-                    "response.output_text.delta",
-                    item_id=item["id"],
-                    output_index=len(output),
-                    content_index=0,
-                    delta=event.text,
-                    logprobs=[],
-                )
             elif isinstance(event, CallDelta):
-                if event.id is not None:
-                    if item is not None:
-                        for e in close_item():
-                            yield e
-                    call = ToolCall(event.id, event.name or "", "")
-                    item = self.call_item("fc_" + uuid.uuid4().hex[:24], call, "in_progress")
-                    yield self.event(
-                        "response.output_item.added", output_index=len(output), item=item
-                    )
-                if event.arguments:
-                    item["arguments"] += event.arguments
-                    yield self.event(
-                        "response.function_call_arguments.delta",
-                        item_id=item["id"],
-                        output_index=len(output),
-                        delta=event.arguments,
-                    )
+                for e in self.call_delta(event):
+                    yield e
             elif isinstance(event, TurnEnd):
-                if item is not None:  # a call max_output_tokens ended is incomplete
-                    for e in close_item("incomplete" if event.cut_call else "completed"):
-                        yield e
-                if event.finish == "error":
-                    failed = self.envelope("failed", output, None, None)
-                    failed["error"] = {
-                        "code": "server_error",
-                        "message": generation_failed(event.error).message,
-                    }
-                    yield self.event("response.failed", response=failed)
-                    return
-                usage = self.usage(event)
-                if event.finish == "length":
-                    done = self.envelope("incomplete", output, usage, "length")
-                    yield self.event("response.incomplete", response=done)
-                else:
-                    done = self.envelope("completed", output, usage, event.finish)
-                    yield self.event("response.completed", response=done)
+                for e in self.end(event):
+                    yield e
+
+    def text_delta(self, kind: str, delta: str) -> list[str]:
+        """More text of a message or of reasoning: the item opened first if need be."""
+        events = self.open_item(kind)
+        self.text += delta
+        where = {"item_id": self.item["id"], "output_index": len(self.output), "content_index": 0}
+        if kind == "reasoning":
+            events.append(self.r.event("response.reasoning_text.delta", **where, delta=delta))
+        else:
+            events.append(
+                self.r.event("response.output_text.delta", **where, delta=delta, logprobs=[])
+            )
+        return events
+
+    def call_delta(self, event: CallDelta) -> list[str]:
+        """A call opens (its id and name) or its arguments grow."""
+        events = []
+        if event.id is not None:
+            if self.item is not None:
+                events += self.close_item()
+            call = ToolCall(event.id, event.name or "", "")
+            self.item = self.r.call_item("fc_" + uuid.uuid4().hex[:24], call, "in_progress")
+            events.append(
+                self.r.event(
+                    "response.output_item.added", output_index=len(self.output), item=self.item
+                )
+            )
+        if event.arguments:
+            self.item["arguments"] += event.arguments
+            events.append(
+                self.r.event(
+                    "response.function_call_arguments.delta",
+                    item_id=self.item["id"],
+                    output_index=len(self.output),
+                    delta=event.arguments,
+                )
+            )
+        return events
+
+    def end(self, event: TurnEnd) -> list[str]:
+        r, events = self.r, []
+        if self.item is not None:  # a call max_output_tokens ended is incomplete
+            events += self.close_item("incomplete" if event.cut_call else "completed")
+        if event.finish == "error":
+            failed = r.envelope("failed", self.output, None, None)
+            message = generation_failed(event.error).message
+            failed["error"] = {"code": "server_error", "message": message}
+            return [*events, r.event("response.failed", response=failed)]
+        usage = r.usage(event)
+        if event.finish == "length":
+            done = r.envelope("incomplete", self.output, usage, "length")
+            return [*events, r.event("response.incomplete", response=done)]
+        done = r.envelope("completed", self.output, usage, event.finish)
+        return [*events, r.event("response.completed", response=done)]
+
+    def open_item(self, kind: str) -> list[str]:
+        """A message or reasoning item open to take text: the open one, when of that kind."""
+        events = []
+        if self.item is not None and self.item["type"] != kind:
+            events += self.close_item()
+        if self.item is None:
+            if kind == "message":
+                item = self.r.message_item("msg_" + uuid.uuid4().hex[:24], "", "in_progress")
+                part = {"type": "output_text", "text": "", "annotations": []}
+            else:
+                item = self.r.reasoning_item("rs_" + uuid.uuid4().hex[:24], "", "in_progress")
+                part = {"type": "reasoning_text", "text": ""}
+            self.item, index = item, len(self.output)
+            events.append(self.r.event("response.output_item.added", output_index=index, item=item))
+            events.append(
+                self.r.event(
+                    "response.content_part.added",
+                    item_id=item["id"],
+                    output_index=index,
+                    content_index=0,
+                    part=part,
+                )
+            )
+        return events
+
+    def close_item(self, call_status: str = "completed") -> list[str]:
+        r, item, text, events = self.r, self.item, self.text, []
+        index = len(self.output)
+        loc = {"item_id": item["id"], "output_index": index, "content_index": 0}
+        if item["type"] == "message":
+            part = {"type": "output_text", "text": text, "annotations": []}
+            events.append(r.event("response.output_text.done", **loc, text=text, logprobs=[]))
+            events.append(r.event("response.content_part.done", **loc, part=part))
+            item = r.message_item(item["id"], text)
+        elif item["type"] == "reasoning":
+            part = {"type": "reasoning_text", "text": text}
+            events.append(r.event("response.reasoning_text.done", **loc, text=text))
+            events.append(r.event("response.content_part.done", **loc, part=part))
+            item = r.reasoning_item(item["id"], text)
+        else:
+            item["status"] = call_status
+            events.append(
+                r.event(
+                    "response.function_call_arguments.done",
+                    item_id=item["id"],
+                    output_index=index,
+                    arguments=item["arguments"],
+                )
+            )
+        events.append(r.event("response.output_item.done", output_index=index, item=item))
+        self.output.append(item)
+        self.item, self.text = None, ""
+        return events
 
 
 def routes(served: Served) -> APIRouter:
@@ -287,29 +286,10 @@ def routes(served: Served) -> APIRouter:
                 "whole conversation as input items",
                 "previous_response_id",
             )
-        choice = body.tool_choice
-        turn = await start_client_turn(
-            served.engine(),
-            TurnRequest(
-                messages=messages_of(body),
-                tools=tools_of(body),
-                tool_choice=ToolChoice("function", choice.name)
-                if isinstance(choice, FunctionChoice)
-                else ToolChoice(choice or "auto"),
-                parallel_tool_calls=body.parallel_tool_calls,
-                response_format=grammar_of(body),
-                reasoning=body.reasoning.effort if body.reasoning else None,
-                max_tokens=body.max_output_tokens,
-                temperature=body.temperature,
-                top_p=body.top_p,
-                prompt_field="input",
-                field_names={"max_tokens": "max_output_tokens"},
-            ),
-            request,
-        )
+        turn = await start_client_turn(served.engine(), to_turn_request(body), request)
         response = Response(body, served.model_id)
         if body.stream:
-            return TurnStream(turn, response.stream(turn))
+            return TurnStream(turn, ResponseStream(response).events(turn))
         done = await complete(turn, request)
         return Json(response.whole(done))
 

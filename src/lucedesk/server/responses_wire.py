@@ -8,14 +8,19 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lucedesk.engine import (
+from lucedesk.chat import (
     CallLedger,
     ChatMessage,
-    Grammar,
-    RequestError,
+    Sampling,
     Tool,
     ToolCall,
+    ToolChoice,
+    TurnRequest,
+    WireNames,
+    json_object,
+    schema_grammar,
 )
+from lucedesk.engine import Grammar, RequestError
 from lucedesk.server.errors import TEXT_ONLY, not_text
 
 log = logging.getLogger(__name__)
@@ -162,12 +167,30 @@ def tools_of(body: ResponsesRequest) -> list[Tool]:
     return tools
 
 
+def to_turn_request(body: ResponsesRequest) -> TurnRequest:
+    choice = body.tool_choice
+    return TurnRequest(
+        messages=messages_of(body),
+        tools=tools_of(body),
+        tool_choice=ToolChoice("function", choice.name)
+        if isinstance(choice, FunctionChoice)
+        else ToolChoice(choice or "auto"),
+        parallel_tool_calls=body.parallel_tool_calls,
+        reasoning=body.reasoning.effort if body.reasoning else None,
+        response_format=grammar_of(body),
+        sampling=Sampling(
+            max_tokens=body.max_output_tokens, temperature=body.temperature, top_p=body.top_p
+        ),
+        names=WireNames("input", {"max_tokens": "max_output_tokens"}),
+    )
+
+
 def grammar_of(body: ResponsesRequest) -> Grammar | None:
     fmt = body.text.format if body.text else None
     if fmt is None or fmt.type == "text":
         return None
     if fmt.type == "json_object":
-        return Grammar.json_object("text.format")
+        return json_object("text.format")
     if fmt.schema_ is None:
         raise RequestError("text.format.schema is required for json_schema", "text.format.schema")
-    return Grammar.json_schema(fmt.schema_, "text.format")
+    return schema_grammar(fmt.schema_, "text.format")

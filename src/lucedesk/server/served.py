@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from lucedesk.engine import Engine, Turn, TurnRequest, TurnResult, start_turn
+from lucedesk.chat import Turn, TurnRequest, TurnResult, start_turn
+from lucedesk.engine import Engine
 from lucedesk.server.errors import APIError, generation_failed
 
 CLIENT_HEADER = "x-lucedesk-client"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
+from lucedesk.chat import ChatEncoder
 from lucedesk.server import openai_wire as wire
 from lucedesk.server.errors import APIError
 from lucedesk.server.served import Served
@@ -58,7 +59,7 @@ def routes(served: Served) -> APIRouter:
     @router.post("/apply-template")
     def apply_template(body: TemplateRequest) -> TemplateReply:
         eng = served.engine()
-        prompt = eng.encode_chat(
+        prompt = ChatEncoder.of(eng).encode(
             wire.messages_of(body),
             wire.tools_of(body),
             wire.tool_choice_of(body),

@@ -7,10 +7,7 @@ the process that ran them is gone (a TUI and a headless agent share one store: n
 marks the other's work).
 
 Chat panes, agent sessions and their children (subagents: `kind` 'subagent' with a
-`parent_id`) are all sessions here. A message's `meta` holds what the model's view of it
-(a ChatMessage, Session.chat_messages) needs beyond role and text: an assistant's
-`tool_calls` and `reasoning`, a tool result's `tool_call_id`, `name`, `arguments` and
-`error`."""
+`parent_id`) are all sessions here; their messages are StoredMessages (message.py)."""
 
 from __future__ import annotations
 
@@ -25,16 +22,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from lucedesk.owner import Owner
+from lucedesk.store.message import StoredMessage
 from lucedesk.store.schema import create_tables
-from lucedesk.store.session import (
-    EDITABLE_COLUMNS,
-    SESSION_COLUMNS,
-    Session,
-    last_user_id,
-    message_notes,
-)
+from lucedesk.store.session import EDITABLE_COLUMNS, SESSION_COLUMNS, Session, last_user_id
 
-__all__ = ["Session", "Store", "data_dir", "last_user_id", "message_notes"]
+__all__ = ["Session", "Store", "StoredMessage", "data_dir", "last_user_id"]
 
 log = logging.getLogger(__name__)
 
@@ -151,55 +143,38 @@ class Store:
                 (status, self.owner.token, session.id),
             )
 
-    def add_message(
-        self,
-        session: Session,
-        role: str,
-        content: str,
-        status: str = "done",
-        meta: dict | None = None,
-    ) -> dict:
-        meta = meta or {}
+    def add_message(self, session: Session, message: StoredMessage) -> StoredMessage:
+        """Saves `message` as the session's newest (its id set) and returns it."""
         with self._lock:
             cur = self._db.execute(
                 "INSERT INTO messages (session_id, role, content, created, status, meta, owner) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (
                     session.id,
-                    role,
-                    content,
+                    message.role,
+                    message.content,
                     time.time(),
-                    status,
-                    json.dumps(meta),
+                    message.status,
+                    json.dumps(message.meta()),
                     self.owner.token,
                 ),
             )
-        message = {
-            "role": role,
-            "content": content,
-            "status": status,
-            "meta": meta,
-            "id": cur.lastrowid,
-        }
+        message.id = cur.lastrowid or 0
         session.messages.append(message)
         return message
 
-    def begin_reply(self, session: Session, meta: dict | None = None) -> dict:
+    def begin_reply(self, session: Session, split: int = 0) -> StoredMessage:
         """The assistant's reply, saved (empty, streaming) before its first token."""
-        return self.add_message(session, "assistant", "", status="streaming", meta=meta)
+        return self.add_message(session, StoredMessage("assistant", "", "streaming", split=split))
 
-    def update_reply(
-        self, reply: dict, content: str, status: str = "streaming", meta: dict | None = None
-    ) -> None:
-        """Saves the reply's (or tool call's) text so far; `status` "done" when it has ended;
-        `meta`, when given, replaces the stored one."""
-        reply["content"], reply["status"] = content, status
-        if meta is not None:
-            reply["meta"] = meta
+    def update_reply(self, reply: StoredMessage, content: str, status: str = "streaming") -> None:
+        """Saves the reply's (or tool call's) text so far, and its other fields as they
+        stand; `status` "done" when it has ended."""
+        reply.content, reply.status = content, status
         with self._lock:
             self._db.execute(
                 "UPDATE messages SET content = ?, status = ?, meta = ? WHERE id = ?",
-                (content, status, json.dumps(reply.get("meta") or {}), reply["id"]),
+                (content, status, json.dumps(reply.meta()), reply.id),
             )
 
     def drop_last_message(self, session: Session) -> None:
@@ -218,7 +193,7 @@ class Store:
         the conversation but stay stored, for undo_set_aside to bring back. Each time is
         numbered (status `aside<n>:<status>`), so undo goes back one at a time."""
         after = last_user_id(session)
-        while session.messages and session.messages[-1]["id"] > after:
+        while session.messages and session.messages[-1].id > after:
             session.messages.pop()
         with self._lock, self.transaction():
             number = 1 + max((n for n, _ in self._set_aside(session.id, after).values()), default=0)
@@ -309,16 +284,10 @@ class Store:
                 s.messages = self._messages(s.id)
         return out
 
-    def _messages(self, session_id: int) -> list[dict]:
+    def _messages(self, session_id: int) -> list[StoredMessage]:
         return [
-            {
-                "role": role,
-                "content": content,
-                "status": status,
-                "meta": json.loads(meta),
-                "id": row_id,
-            }
-            for row_id, role, content, status, meta in self._db.execute(
+            StoredMessage.from_row(*row)
+            for row in self._db.execute(
                 "SELECT id, role, content, status, meta FROM messages WHERE session_id = ? "
                 "AND status NOT LIKE 'aside%' ORDER BY id",
                 (session_id,),

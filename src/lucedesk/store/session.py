@@ -1,12 +1,12 @@
-"""A stored session as the store hands it out: its settings and its messages (dicts with
-"role", "content", "status", "meta" and "id"), and what the model and the reader see of
-them."""
+"""A stored session as the store hands it out: its settings and its messages, and what the
+model sees of them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from lucedesk.engine import ChatMessage, ToolCall
+from lucedesk.chat import ChatMessage
+from lucedesk.store.message import StoredMessage
 
 
 @dataclass
@@ -22,31 +22,13 @@ class Session:
     status: str = "idle"
     agent_type: str = "chat"  # chat (no tools) | explore (read-only tools) | general
     workspace: str = ""
-    # {"role", "content", "status", "meta", "id"}
-    messages: list[dict] = field(default_factory=list)
+    messages: list[StoredMessage] = field(default_factory=list)
 
     def chat_messages(self) -> list[ChatMessage]:
         """What the model sees: the system prompt, then the conversation (without a reply
         or tool call still being written)."""
         out = [ChatMessage("system", self.system_prompt)] if self.system_prompt else []
-        for m in self.messages:
-            if m.get("status") == "streaming":
-                continue
-            meta = m.get("meta") or {}
-            if m["role"] == "tool":
-                out.append(
-                    ChatMessage(
-                        "tool",
-                        m["content"],
-                        tool_call_id=meta.get("tool_call_id", ""),
-                        name=meta.get("name", ""),
-                    )
-                )
-            elif m["role"] == "assistant":  # the template decides what reasoning it shows
-                calls = [ToolCall.from_dict(c) for c in meta.get("tool_calls") or []]
-                out.append(ChatMessage("assistant", m["content"], calls, meta.get("reasoning", "")))
-            else:  # a /fanout line: the model reads the prompt it stands for
-                out.append(ChatMessage(m["role"], meta.get("prompt", m["content"])))
+        out += [m.chat_message() for m in self.messages if not m.streaming]
         return out
 
 
@@ -63,19 +45,4 @@ EDITABLE_COLUMNS = tuple(
 def last_user_id(session: Session) -> int:
     """The id of the session's last user message (0 when there is none): what follows it is
     the reply a regenerate sets aside."""
-    return next((m["id"] for m in reversed(session.messages) if m["role"] == "user"), 0)
-
-
-def message_notes(m: dict) -> list[str]:
-    """How a stored message ended, when not plainly: interrupted (the process died), stopped
-    (Esc), max tokens, or the error."""
-    meta = m.get("meta") or {}
-    if m.get("status") == "interrupted":
-        return ["interrupted"]
-    if meta.get("error"):
-        return [f"error: {meta['error']}"]
-    if meta.get("cut"):
-        return ["max tokens"]
-    if meta.get("stopped"):
-        return ["stopped"]
-    return []
+    return next((m.id for m in reversed(session.messages) if m.role == "user"), 0)

@@ -27,12 +27,23 @@ from lucedesk.tui.messages import AgentUpdate
 FLUSH_S = 0.1
 
 if TYPE_CHECKING:
-    from lucedesk.tui.app import LucedeskApp
+    from textual.app import App
+
+    from lucedesk.engine import Engine
+    from lucedesk.store import Store
 
 
 class AgentRunner:
-    def __init__(self, app: LucedeskApp, approvals: Approvals) -> None:
+    """The app's agent sessions: made from stored sessions, run on `engine()` (the one the
+    app holds now) or a remote backend, saved in `store`; their approvals and split reviews
+    asked as dialogs on `app`."""
+
+    def __init__(
+        self, app: App, store: Store, engine: Callable[[], Engine], approvals: Approvals
+    ) -> None:
         self.app = app
+        self.store = store
+        self.engine = engine
         self.approvals = approvals
         self.approvals.ask = self.ask
         self.approvals.review_split = self.review_split
@@ -58,14 +69,10 @@ class AgentRunner:
     def runtime(self, backend_url: str) -> Runtime:
         runtime = self.runtimes.get(backend_url)
         if runtime is None:
-            backend = (
-                OpenAIBackend(backend_url)
-                if backend_url
-                else EngineBackend(lambda: self.app.host.engine)
-            )
+            backend = OpenAIBackend(backend_url) if backend_url else EngineBackend(self.engine)
             runtime = Runtime(
                 backend,
-                self.app.store,
+                self.store,
                 self.approvals,
                 self.extra_tools,
                 self.observe,
@@ -82,7 +89,7 @@ class AgentRunner:
             # A subagent continued after a restart keeps its depth: the limit still holds.
             depth, parent_id = 0, record.parent_id
             while parent_id is not None and depth < 64:
-                parent = self.app.store.session(parent_id)
+                parent = self.store.session(parent_id)
                 parent_id = parent.parent_id if parent is not None else None
                 depth += 1
             agent = AgentSession(self.runtime(record.backend_url), record, depth)
@@ -105,7 +112,7 @@ class AgentRunner:
         if isinstance(event, ChildStarted):
             self.live[event.child.id] = event.child
         if isinstance(event, TextStreamed | ReasoningStreamed):
-            key = (event.message["id"], type(event))
+            key = (event.message.id, type(event))
             held = self._held.get(key)
             text = held.text + event.text if held is not None else event.text
             self._held[key] = type(event)(event.session, event.message, text)

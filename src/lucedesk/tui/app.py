@@ -35,7 +35,7 @@ class LucedeskApp(App):
         self.store = store
         self.workspace = (workspace or Path.cwd()).resolve()  # where new sessions' tools work
         self.agent_type = agent_type  # of new sessions: general, explore or chat (no tools)
-        self.agents = AgentRunner(self, approvals or Approvals())
+        self.agents = AgentRunner(self, store, lambda: self.host.engine, approvals or Approvals())
         self.mcp_config = mcp_config  # None: no MCP servers
         self.mcp = None
         # Typed on the loading screen; the main screen puts it in its first pane's input.

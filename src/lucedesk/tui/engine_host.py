@@ -19,8 +19,8 @@ from lucedesk.engine import (
     BuiltEngine,
     Engine,
     EngineNotReady,
-    Fit,
     check_device,
+    fit_now,
     kernel_build_notice,
     launch_engine,
 )
@@ -136,7 +136,7 @@ class EngineHost:
     def _first_model(self, progress: Say) -> Resolved:
         """--model, else the model last used, else the default; a remembered one no longer
         on this machine gives way to the default, saying so (nothing is fetched unasked)."""
-        fit = Fit.now(self.config)
+        fit = fit_now(self.config)
         if self.model_arg is not None or self.remembered is None:
             return resolve(self.model_arg, progress, fit, transfer_line(progress))
         try:
@@ -151,7 +151,7 @@ class EngineHost:
         built = self.built
         if built is None or self.model is None or built.device.type != device.type:
             return 0
-        return built.pool_bytes + Fit.now(self.config).need(summarize_path(self.model.path)).weights
+        return built.pool_bytes + fit_now(self.config).need(summarize_path(self.model.path)).weights
 
     def switch(
         self,
@@ -176,7 +176,7 @@ class EngineHost:
     def _switch(self, profile_name: str, drain: bool, progress: Say, model: str | None) -> None:
         chosen, config, why = profiles.resolve(profile_name, self.overrides)
         device = check_device(config)
-        fit = Fit.now(config, self.given_back(device))
+        fit = fit_now(config, self.given_back(device))
         target = self.model
         if model is not None:
             target = resolve(model, progress, fit, transfer_line(progress))

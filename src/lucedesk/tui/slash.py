@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from lucedesk.agent import SWITCHES
-from lucedesk.engine import ToolChoice
+from lucedesk.chat import ToolChoice
 from lucedesk.tui.messages import SessionsChanged
 
 if TYPE_CHECKING:

@@ -56,9 +56,7 @@ async def run_command(ctx: ToolContext, args: dict) -> str:
     timeout = args.get("timeout", DEFAULT_TIMEOUT_S)
     if not command.strip():
         raise ToolError("command: give a command to run")
-    request = ApprovalRequest(
-        "command", ctx.session.title, "run_command", f"run: {command}", command
-    )
+    request = ApprovalRequest("command", ctx.title, "run_command", f"run: {command}", command)
     if not await ctx.approve(request):
         raise ToolError(f"the user declined to run: {command}")
     proc = await asyncio.create_subprocess_shell(

@@ -7,11 +7,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from lucedesk.agent.agent_types import AGENT_TYPES, TASK_TYPES, TYPES
-from lucedesk.agent.tools.base import ToolContext, ToolSpec, schema
+from lucedesk.agent.tools.base import ToolContext, ToolError, ToolSpec, schema
 
 
 async def task(ctx: ToolContext, args: dict) -> str:
-    return await ctx.session.run_child(
+    if ctx.start_child is None:
+        raise ToolError("task: subagents cannot be started here")
+    return await ctx.start_child(
         args["description"], args["prompt"], args.get("agent_type", "explore")
     )
 

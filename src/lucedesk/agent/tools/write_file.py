@@ -54,7 +54,7 @@ async def apply_change(ctx: ToolContext, tool: str, real: Path, before: str, aft
     if any(part.casefold() == ".git" for part in Path(shown).parts):
         raise ToolError(f"path: {shown} is inside .git; lucedesk does not write there")
     verb = "edit" if real.exists() else "create"
-    request = ApprovalRequest("edit", ctx.session.title, tool, f"{verb} {shown}", diff)
+    request = ApprovalRequest("edit", ctx.title, tool, f"{verb} {shown}", diff)
     if not await ctx.approve(request):
         raise ToolError(f"the user declined to {verb} {shown}")
     if not await asyncio.to_thread(write_if_unchanged, ctx.workspace, real, before, after):

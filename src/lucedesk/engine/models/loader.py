@@ -12,9 +12,6 @@ from pathlib import Path
 import torch
 
 from lucedesk.catalog.gguf_header import SPLIT_NAME
-from lucedesk.engine.harmony import ENDS as HARMONY_ENDS
-from lucedesk.engine.harmony import MARKERS as HARMONY_MARKERS
-from lucedesk.engine.harmony import is_harmony
 from lucedesk.engine.models import tokenizer as tok
 from lucedesk.engine.models.config import ModelConfig
 from lucedesk.engine.models.decoder import DecoderModel
@@ -22,6 +19,9 @@ from lucedesk.engine.models.expert_weights import GGUFExperts, materialize_dense
 from lucedesk.engine.models.families import BY_HF_TYPE, BY_NAME
 from lucedesk.engine.models.family import Family
 from lucedesk.engine.models.gguf_file import GGUFFile
+from lucedesk.engine.models.harmony_tokens import ENDS as HARMONY_ENDS
+from lucedesk.engine.models.harmony_tokens import MARKERS as HARMONY_MARKERS
+from lucedesk.engine.models.harmony_tokens import is_harmony
 from lucedesk.engine.models.weights import load_weights
 from lucedesk.errors import ModelLoadError
 

@@ -15,13 +15,11 @@ from lucedesk.store import Session
 from lucedesk.tui.messages import (
     AgentUpdate,
     SessionChosen,
-    SessionDeleteAsked,
-    SessionRenameAsked,
     SessionsChanged,
 )
-from lucedesk.tui.screens import sidebar_actions
 from lucedesk.tui.screens.keys import KeysScreen
-from lucedesk.tui.slash import COMMANDS
+from lucedesk.tui.screens.sidebar_actions import SidebarActions
+from lucedesk.tui.slash import COMMANDS, run_command
 from lucedesk.tui.widgets.chat_input import ChatInput
 from lucedesk.tui.widgets.chat_pane import UNTITLED, ChatPane
 from lucedesk.tui.widgets.engine_status import EngineStatus
@@ -31,7 +29,7 @@ from lucedesk.tui.widgets.slot_monitor import SlotMonitor
 MAX_PANES = 4
 
 
-class MainScreen(Screen):
+class MainScreen(SidebarActions, Screen):
     CSS_PATH = "main.tcss"
     # Priority: they work while the input has the focus (it has it nearly always), before
     # the text area's own keys (F6 select line, Ctrl+W/Ctrl+Y/Ctrl+E/Ctrl+F editing).
@@ -148,7 +146,7 @@ class MainScreen(Screen):
         return [w for w in self.pane_box.children if isinstance(w, ChatPane) and not w.closing]
 
     async def add_pane(self, session: Session) -> ChatPane:
-        pane = ChatPane(session)
+        pane = ChatPane(session, run_command)
         await self.pane_box.mount(pane)
         self.active = pane
         pane.focus_input()
@@ -198,12 +196,6 @@ class MainScreen(Screen):
     def on_sessions_changed(self, message: SessionsChanged) -> None:
         self.refresh_sessions()
         self.save_layout()
-
-    def on_session_rename_asked(self, message: SessionRenameAsked) -> None:
-        sidebar_actions.rename(self, message.session_id)
-
-    def on_session_delete_asked(self, message: SessionDeleteAsked) -> None:
-        sidebar_actions.delete(self, message.session_id)
 
     async def on_agent_update(self, message: AgentUpdate) -> None:
         """An agent did something: the pane showing its session renders it; the sidebar

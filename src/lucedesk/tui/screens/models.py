@@ -13,7 +13,7 @@ from textual.widgets import DataTable, Footer, Header, Input, Label
 from lucedesk.catalog.listing import ListedModel, list_models
 from lucedesk.catalog.quants import human_size
 from lucedesk.catalog.resolve import hub_name
-from lucedesk.engine import Fit, resolve_device
+from lucedesk.engine import fit_now, resolve_device
 
 HINT = (
     "▶ running · ✓ fits · Enter loads the model · type to filter, or a Hugging Face "
@@ -47,7 +47,7 @@ class ModelsScreen(Screen):
         """The listing off the event loop: a store's headers are read the first time."""
         host = self.app.host
         device = resolve_device(host.config.device)
-        fit = Fit.now(host.config, host.given_back(device))
+        fit = fit_now(host.config, host.given_back(device))
         listed = list_models(fit.why_not)
         self.app.call_from_thread(self.show_models, listed)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from textual.app import ComposeResult
@@ -16,14 +17,13 @@ from textual.geometry import Size
 from textual.widgets import Label, Static
 
 from lucedesk.agent import AgentSession
-from lucedesk.engine import ToolChoice
+from lucedesk.chat import ToolChoice, format_of
 from lucedesk.export import export_dir, export_markdown, slug
-from lucedesk.store import Session, message_notes
+from lucedesk.store import Session, StoredMessage
 from lucedesk.tui.messages import AgentUpdate, PromptSubmitted, SessionsChanged
-from lucedesk.tui.slash import run_command
 from lucedesk.tui.widgets.chat_input import ChatInput
 from lucedesk.tui.widgets.message_view import MessageView
-from lucedesk.tui.widgets.pane_updates import show_update, shown_text
+from lucedesk.tui.widgets.pane_updates import PaneUpdates, shown_text
 from lucedesk.tui.widgets.tool_call_view import ToolCallView
 
 UNTITLED = "New chat"
@@ -76,7 +76,11 @@ class Transcript(VerticalScroll, can_focus=False):
         self.scroll_end(animate=False)
 
 
-class ChatPane(Vertical, can_focus=False):
+# Runs a slash command line typed in a pane (slash.run_command); False when it failed.
+CommandRunner = Callable[["ChatPane", str], Awaitable[bool]]
+
+
+class ChatPane(PaneUpdates, Vertical, can_focus=False):
     DEFAULT_CSS = """
     ChatPane { width: 1fr; border: round $panel; }
     ChatPane:focus-within { border: round $accent; }
@@ -89,9 +93,10 @@ class ChatPane(Vertical, can_focus=False):
     ChatPane > #new-below.shown { display: block; }
     """
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, run_command: CommandRunner) -> None:
         super().__init__()
         self.session = session
+        self.run_command = run_command  # a slash command line: False when it failed
         self.views: dict[int, MessageView | ToolCallView] = {}  # by stored message id
         self._starting = False  # a run is on its way to the agent (busy before it starts)
         self._take_back = True  # a run stopped before a word puts its question back
@@ -177,21 +182,19 @@ class ChatPane(Vertical, can_focus=False):
         self.refresh_header()
         self.post_message(SessionsChanged())
 
-    def view_for(self, m: dict) -> MessageView | ToolCallView | None:
+    def view_for(self, m: StoredMessage) -> MessageView | ToolCallView | None:
         """The widget of one stored message (remembered by id, so updates find it)."""
-        if m["role"] == "tool":
+        if m.role == "tool":
             view = ToolCallView(m)
-        elif m["role"] == "assistant" and not m["content"] and m["meta"].get("tool_calls"):
-            if m.get("status") != "streaming":
+        elif m.role == "assistant" and not m.content and m.tool_calls:
+            if not m.streaming:
                 return None  # its calls follow, each in its own block
             view = MessageView("assistant")
         else:  # how it ended (stopped, cut, failed, interrupted) stays on it after a reload
-            notes = message_notes(m) if m.get("status") != "streaming" else []
-            title = " · ".join([m["role"], *notes]) if notes else None
-            reasoning = (m.get("meta") or {}).get("reasoning", "")
-            view = MessageView(m["role"], shown_text(m), title=title, reasoning=reasoning)
-        if "id" in m:
-            self.views[m["id"]] = view
+            notes = m.notes() if not m.streaming else []
+            title = " · ".join([m.role, *notes]) if notes else None
+            view = MessageView(m.role, shown_text(m), title=title, reasoning=m.reasoning)
+        self.views[m.id] = view
         return view
 
     def focus_input(self) -> None:
@@ -213,7 +216,7 @@ class ChatPane(Vertical, can_focus=False):
             self.app.notify("Type a message first.", severity="warning")
             return
         if text.startswith("/"):  # those for the next turn run while one is answered too
-            if await run_command(self, text):
+            if await self.run_command(self, text):
                 box.clear()
             else:
                 box.select_all()  # left to fix; whatever is typed next replaces it
@@ -245,7 +248,10 @@ class ChatPane(Vertical, can_focus=False):
         s, built = self.session, self.app.host.built  # None while a switch loads a model
         if s.agent_type == "chat" or s.backend_url or built is None:
             return
-        if built.engine.chat.tool_format.family != "generic" or s.id in self.app.warned_tools:
+        if (
+            format_of(built.engine.tokenizer.chat_template).name != "generic"
+            or s.id in self.app.warned_tools
+        ):
             return
         self.app.warned_tools.add(s.id)
         self.app.notify(
@@ -285,15 +291,15 @@ class ChatPane(Vertical, can_focus=False):
             and self.session is session
             and agent.parent is None
             and len(messages) >= 2
-            and messages[-1]["role"] == "assistant"
-            and not messages[-1]["content"]
-            and not messages[-1]["meta"].get("tool_calls")
-            and messages[-2]["role"] == "user"
+            and messages[-1].role == "assistant"
+            and not messages[-1].content
+            and not messages[-1].tool_calls
+            and messages[-2].role == "user"
         ):
             # Stopped before a word: take the question back into the input, as if unsent.
             store = self.app.store
             store.drop_last_message(session)
-            last = session.messages[-1]["content"]
+            last = session.messages[-1].content
             store.drop_last_message(session)
             await self.show_session(session)
             self.query_one(ChatInput).text = last
@@ -305,7 +311,7 @@ class ChatPane(Vertical, can_focus=False):
         if message.event.session.id != self.session.id or self.gone:
             return  # another session's, or closing, or the app is quitting
         try:
-            await show_update(self, message.event)
+            await self.show_update(message.event)
         except NoMatches:
             if not self.gone:
                 raise
@@ -328,7 +334,7 @@ class ChatPane(Vertical, can_focus=False):
             self.app.notify("Still answering; Esc stops it first.", severity="warning")
             return
         messages = self.session.messages
-        if not messages or messages[-1]["role"] == "user":
+        if not messages or messages[-1].role == "user":
             self.app.notify("Nothing to regenerate yet.", severity="warning")
             return
         self.app.store.set_aside_reply(self.session)  # the reply and its tool calls
@@ -352,7 +358,7 @@ class ChatPane(Vertical, can_focus=False):
         await self.show_session(self.session)
 
     def last_reply(self) -> str | None:
-        replies = [m["content"] for m in self.session.messages if m["role"] == "assistant"]
+        replies = [m.content for m in self.session.messages if m.role == "assistant"]
         replies = [r for r in replies if r]
         return replies[-1] if replies else None
 

@@ -8,6 +8,8 @@ import json
 from textual.content import Content
 from textual.widgets import Collapsible, Static
 
+from lucedesk.store import StoredMessage
+
 PREVIEW_LINES = 24
 STATES = ("running", "error", "done")
 
@@ -31,44 +33,43 @@ class ToolCallView(Collapsible):
     ToolCallView Static { color: $text-muted; }
     """
 
-    def __init__(self, message: dict) -> None:
+    def __init__(self, message: StoredMessage) -> None:
         self.message = message
         super().__init__(Static("", id="body", markup=False), title=self.heading(), collapsed=True)
         self.add_class(self.state())
 
     def state(self) -> str:
-        status = self.message.get("status")
+        status = self.message.status
         if status == "streaming":
             return "running"
-        if status == "interrupted" or (self.message.get("meta") or {}).get("error"):
+        if status == "interrupted" or self.message.error:
             return "error"
         return "done"
 
     def heading(self) -> Content:
-        meta = self.message.get("meta") or {}
-        status = self.message.get("status")
-        first = (self.message.get("content") or "").strip().splitlines()
+        call = self.message
+        status = call.status
+        first = call.content.strip().splitlines()
         if status == "streaming":
             end = "running…"
         elif status == "interrupted":
             end = "interrupted"
         else:
             end = first[0][:70] if first else "done"
-        call = f"{meta.get('name', '?')}({brief_arguments(meta.get('arguments', ''))})"
-        return Content(f"⚙ {call} · {end}")  # plain text: arguments may hold brackets
+        shown = f"{call.name or '?'}({brief_arguments(call.arguments)})"
+        return Content(f"⚙ {shown} · {end}")  # plain text: arguments may hold brackets
 
     def body_text(self) -> str:
-        meta = self.message.get("meta") or {}
-        lines = (self.message.get("content") or "").splitlines()
+        lines = self.message.content.splitlines()
         shown = "\n".join(lines[:PREVIEW_LINES])
         if len(lines) > PREVIEW_LINES:
             shown += f"\n… {len(lines) - PREVIEW_LINES} more lines"
-        return f"arguments: {meta.get('arguments', '')}\n\n{shown}"
+        return f"arguments: {self.message.arguments}\n\n{shown}"
 
     def on_mount(self) -> None:
         self.query_one("#body", Static).update(self.body_text())
 
-    def update_call(self, message: dict) -> None:
+    def update_call(self, message: StoredMessage) -> None:
         self.message = message
         self.title = self.heading()
         # Only the state's own classes: Collapsible folds itself with a class of its own.

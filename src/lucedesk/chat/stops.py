@@ -3,7 +3,7 @@ and reasoning), where the engine's own stop check cannot look: it sees the whole
 
 from __future__ import annotations
 
-from lucedesk.engine.tool_parser import overlap_with_start
+from lucedesk.engine import overlap_with_start
 
 
 class FreeTextStops:

@@ -1,43 +1,33 @@
-"""Chats into prompts for one model: its tool format and reasoning format (read from its
-chat template), the template rendered with the request's tools and reasoning switch, and
-the grammar its reply must follow."""
+"""Chats into prompts for one model: its call format (formats/, read from its chat
+template), the template rendered with the request's tools and reasoning switch, and the
+grammar its reply must follow."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from lucedesk.engine.grammar import Grammar, GrammarCompiler
-from lucedesk.engine.harmony import HarmonyParser
-from lucedesk.engine.messages import ChatMessage, Tool, ToolChoice, chat_messages
-from lucedesk.engine.models.chat import render_chat
-from lucedesk.engine.models.tokenizer import Tokenizer
-from lucedesk.engine.reasoning import (
-    ThinkSplitter,
-    opens_reasoning,
-    reasoning_format,
-    reasoning_switch,
-)
-from lucedesk.engine.tool_calls import MARKERS, ToolFormat, detect_family
-from lucedesk.engine.tool_parser import ToolCallParser
+from lucedesk.chat.formats import CallFormat, ReplyParser, format_of
+from lucedesk.chat.json_schema import schema_grammar
+from lucedesk.chat.messages import ChatMessage, Tool, ToolChoice, chat_messages
+from lucedesk.chat.reasoning import opens_reasoning
+from lucedesk.chat.template import render_chat
+from lucedesk.engine import Engine, Grammar, Tokenizer
 from lucedesk.errors import RequestError
-
-# Reads a reply's text into text, reasoning and call events (feed/finish, calls).
-ReplyParser = ToolCallParser | ThinkSplitter | HarmonyParser
 
 
 @dataclass(slots=True, frozen=True)
 class ChatPrompt:
     """A chat encoded for the engine: its tokens, the grammar its reply must follow (if
-    any), the tool format to read calls back with (set when tools were offered), and how
-    the model writes reasoning: "think" (tags, reasoning.py; `in_reasoning` when the prompt
-    opened the tag), "harmony" (channels, harmony.py) or None."""
+    any), the model's call format, the offered tools whose calls are read back (None when
+    none are), and how the model writes reasoning: "think" (tags, reasoning.py;
+    `in_reasoning` when the prompt opened the tag), "harmony" (channels) or None."""
 
     token_ids: list[int]
     grammar: Grammar | None = None
-    tool_format: ToolFormat | None = None
-    tool_names: frozenset[str] = frozenset()
+    format: CallFormat | None = None
+    tool_names: frozenset[str] | None = None
     reasoning: str | None = None
     in_reasoning: bool = False
     # Whole schemas the grammar holds only part of (json_schema.py), checked after the
@@ -47,24 +37,30 @@ class ChatPrompt:
     def parser(self) -> ReplyParser | None:
         """A fresh parser for the reply's reasoning and tool calls, or None when the reply
         is plain text."""
-        if self.reasoning == "harmony":
-            return HarmonyParser(self.tool_names if self.tool_format is not None else None)
-        calls = self.tool_format.parser(self.tool_names) if self.tool_format else None
-        if self.reasoning == "think":
-            return ThinkSplitter(calls, self.in_reasoning)
-        return calls
+        if self.format is None:
+            return None
+        return self.format.reply_parser(self.tool_names, self.reasoning, self.in_reasoning)
 
 
 class ChatEncoder:
-    def __init__(self, tokenizer: Tokenizer, grammars: GrammarCompiler) -> None:
+    """One model's chats into prompts. Cheap to build: the template compiles once per
+    process (template.py), so a caller builds one where it needs one (`ChatEncoder.of`)."""
+
+    def __init__(self, tokenizer: Tokenizer, check_grammar: Callable[[Grammar], None]) -> None:
         self.tokenizer = tokenizer
-        self.grammars = grammars
-        self.tool_format = ToolFormat(detect_family(tokenizer.chat_template))
-        self.reasoning_format = reasoning_format(tokenizer.chat_template)
-        # Tool-call markers the vocabulary holds as single tokens (grammars name them).
+        self.check_grammar = check_grammar
+        template = tokenizer.chat_template or ""
+        self.format = format_of(template)
+        self.reasoning = self.format.reasoning(template)
+        # The format's markers the vocabulary holds as single tokens (grammars name them).
         self.single_token_markers = frozenset(
-            m for m in MARKERS if tokenizer.token_to_id(m) is not None
+            m for m in self.format.markers if tokenizer.token_to_id(m) is not None
         )
+
+    @classmethod
+    def of(cls, engine: Engine) -> ChatEncoder:
+        """The encoder for the model `engine` serves (grammars checked by the engine)."""
+        return cls(engine.tokenizer, engine.check_grammar)
 
     def encode(
         self,
@@ -95,31 +91,30 @@ class ChatEncoder:
         strict: dict[str | None, object] = {}
         held = []
         for i, tool in enumerate(tools):
-            schema = Grammar.json_schema(tool.parameters, f"tools[{i}]")
-            self.grammars.check(schema)
+            schema = schema_grammar(tool.parameters, f"tools[{i}]")
+            self.check_grammar(schema)
             if schema.strict is not None:
                 strict[tool.name] = tool.parameters
             held.append(Tool(tool.name, tool.description, json.loads(schema.source)))
         if response_format is not None:
-            self.grammars.check(response_format)
+            self.check_grammar(response_format)
             if response_format.strict is not None:
                 strict[None] = json.loads(response_format.strict)
-        fmt = self.tool_format if tools and choice.mode != "none" else None
+        calls = bool(tools) and choice.mode != "none"
         grammar = response_format
-        # A harmony reply is channels whatever it holds: a format binds its final answer.
-        if fmt is not None or (self.tool_format.family == "harmony" and response_format):
+        if calls or (self.format.wraps_answer and response_format is not None):
             text_schema = None
             if response_format is not None:
                 if response_format.kind != "json_schema":
-                    with_what = "tools" if fmt is not None else "this model's reply format"
+                    with_what = "tools" if calls else "this model's reply format"
                     raise RequestError(
                         f"a {response_format.kind} format cannot be combined with {with_what} "
                         "(a JSON schema can)",
                         response_format.field,
                     )
                 text_schema = json.loads(response_format.source)
-            grammar = self.tool_format.grammar(
-                held if fmt is not None else [],
+            grammar = self.format.grammar(
+                held if calls else [],
                 choice,
                 # a named function is called once: a second call of it could only repeat it
                 parallel_tool_calls and choice.mode != "function",
@@ -129,21 +124,21 @@ class ChatEncoder:
         text = render_prompt(
             self.tokenizer,
             chat_messages(messages),
-            self.tool_format,
+            self.format,
             tools,
-            reasoning_switch(self.reasoning_format, reasoning),
+            self.format.template_vars(self.reasoning, reasoning),
             continue_final,
         )
         token_ids = self.tokenizer.encode(text, add_special_tokens=False)
         if grammar is not None:
-            self.grammars.check(grammar)
+            self.check_grammar(grammar)
         return ChatPrompt(
             token_ids,
             grammar,
-            fmt,
-            frozenset(t.name for t in tools),
-            self.reasoning_format,
-            self.reasoning_format == "think" and opens_reasoning(text),
+            self.format,
+            frozenset(t.name for t in tools) if calls else None,
+            self.reasoning,
+            self.reasoning == "think" and opens_reasoning(text),
             strict,
         )
 
@@ -151,11 +146,11 @@ class ChatEncoder:
 def encode_chat(
     tokenizer: Tokenizer,
     messages: Iterable[ChatMessage | Mapping],
-    tool_format: ToolFormat | None = None,
+    call_format: CallFormat | None = None,
     tools: list[Tool] | None = None,
 ) -> list[int]:
     """Tokens of the prompt for `messages` (see `render_prompt`)."""
-    text = render_prompt(tokenizer, chat_messages(messages), tool_format, tools)
+    text = render_prompt(tokenizer, chat_messages(messages), call_format, tools)
     # The template writes any BOS itself, so the text is encoded without added specials.
     return tokenizer.encode(text, add_special_tokens=False)
 
@@ -163,19 +158,19 @@ def encode_chat(
 def render_prompt(
     tokenizer: Tokenizer,
     messages: list[ChatMessage],
-    tool_format: ToolFormat | None = None,
+    call_format: CallFormat | None = None,
     tools: list[Tool] | None = None,
     template_vars: dict | None = None,
     continue_final: bool = False,
 ) -> str:
-    """The prompt text for `messages`; `tool_format` renders calls, results and reasoning
+    """The prompt text for `messages`; `call_format` renders calls, results and reasoning
     and `tools` the model's way (needed whenever a message holds a call or a result).
     `continue_final`: the last message is an assistant reply cut short, and the prompt ends
     inside it, right after its text, so the model writes on (vLLM's
     continue_final_message)."""
     template_tools: list = []
-    if tool_format is not None:
-        shaped, template_tools = tool_format.render_messages(messages, tools or [])
+    if call_format is not None:
+        shaped, template_tools = call_format.render_messages(messages, tools or [])
     else:
         shaped = [m.for_template() for m in messages]
     text = render_chat(

@@ -9,7 +9,7 @@ from functools import lru_cache
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from lucedesk.engine.models.tokenizer import Tokenizer
+from lucedesk.engine import Tokenizer
 from lucedesk.errors import RequestError
 
 # Used only when a model ships no template of its own.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from lucedesk.engine.tool_parser import CallDelta
+from lucedesk.chat.tool_parser import CallDelta
 
 
 def same_arguments(a: str, b: str) -> bool:

@@ -18,7 +18,8 @@ import json
 import re
 from dataclasses import dataclass
 
-from lucedesk.engine.messages import ToolCall
+from lucedesk.chat.messages import ToolCall
+from lucedesk.engine import overlap_with_start
 
 # The start of an envelope whose arguments can stream: name first, then the arguments key.
 _HEAD = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
@@ -272,15 +273,6 @@ class ToolCallParser:
         self._buffer = stripped
         self._state = "start" if self.open_marker is None else "text"
         return True
-
-
-def overlap_with_start(text: str, marker: str) -> int:
-    """Length of the longest end of `text` that is a proper start of `marker` (a tail to
-    hold back: it may grow into the marker)."""
-    for k in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:k]):
-            return k
-    return 0
 
 
 def merge(events: list) -> list:

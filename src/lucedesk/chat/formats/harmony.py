@@ -22,33 +22,15 @@ from __future__ import annotations
 import json
 import re
 
-from lucedesk.engine.grammar import JSON_OPTIONS, Grammar
-from lucedesk.engine.messages import ChatMessage, Tool, ToolCall, ToolChoice
-from lucedesk.engine.tool_parser import (
-    CallDelta,
-    ReasoningDelta,
-    TextDelta,
-    merge,
-    overlap_with_start,
-)
+from lucedesk.chat.formats.base import CallFormat, json_rule, offered
+from lucedesk.chat.messages import ChatMessage, Tool, ToolCall, ToolChoice
+from lucedesk.chat.tool_parser import CallDelta, ReasoningDelta, TextDelta, merge
+from lucedesk.engine import HARMONY_MARKERS as MARKERS
+from lucedesk.engine import Grammar, is_harmony, overlap_with_start
 
-START, END, MESSAGE, CHANNEL, CONSTRAIN = (
-    "<|start|>",
-    "<|end|>",
-    "<|message|>",
-    "<|channel|>",
-    "<|constrain|>",
-)
-# Special tokens shown as text in a reply (the ones that end it, <|return|> and <|call|>,
-# never are).
-MARKERS = (START, END, MESSAGE, CHANNEL, CONSTRAIN)
-ENDS = ("<|return|>", "<|call|>")  # what ends a reply: its answer, or a tool call
+START, END, MESSAGE, CHANNEL, CONSTRAIN = MARKERS
 EFFORTS = ("low", "medium", "high")
 _RECIPIENT = re.compile(r"to=(\S+?)(?=\s|<|$)")
-
-
-def is_harmony(template: str | None) -> bool:
-    return CHANNEL in (template or "")
 
 
 def effort_of(reasoning: str | None) -> str | None:
@@ -100,41 +82,34 @@ def grammar(
 ) -> Grammar:
     """A reply for `choice`: analysis and preambles, then (auto) an answer or one call,
     (required, a function) one call. `text_schema` holds the answer to a JSON schema."""
-    offered = [t for t in tools if choice.mode != "function" or t.name == choice.function]
-    answer = "TEXT"
-    if text_schema is not None:
-        answer = "%json " + json.dumps(
-            {**text_schema, "x-guidance": JSON_OPTIONS}
-            if isinstance(text_schema, dict)
-            else text_schema
-        )
+    calls = offered(tools, choice)
+    answer = json_rule(text_schema) if text_schema is not None else "TEXT"
     rules = [
         'preface: (<|channel|> ("analysis" | "commentary") <|message|> TEXT <|end|>'
         ' <|start|> "assistant")',
         f'final: <|channel|> "final" <|message|> {answer}',
         r"TEXT: /(?s:.*)/",
     ]
-    if offered:
+    if calls:
         rules.append(
             'call: <|channel|> "commentary to=functions." ('
-            + " | ".join(f"fn_{i}" for i in range(len(offered)))
+            + " | ".join(f"fn_{i}" for i in range(len(calls)))
             + ")"
         )
-        for i, tool in enumerate(offered):
-            schema = {**tool.parameters, "x-guidance": JSON_OPTIONS}  # its own refs hold
+        for i, tool in enumerate(calls):  # the tool's schema whole: its own refs hold
             rules.append(
                 f'fn_{i}: {json.dumps(tool.name)} " " <|constrain|> "json" <|message|> '
-                f"%json {json.dumps(schema)}"
+                + json_rule(tool.parameters)
             )
     forced = choice.mode in ("required", "function")
     if forced:
         start = "start: preface* call"
-    elif offered and choice.mode != "none":
+    elif calls and choice.mode != "none":
         start = "start: preface* (final | call)"
     else:
         start = "start: preface* final"
     field = (
-        "tool_choice" if choice.mode == "function" else ("tools" if offered else "response_format")
+        "tool_choice" if choice.mode == "function" else ("tools" if calls else "response_format")
     )
     return Grammar.lark("%llguidance {}\n" + "\n".join([start, *rules]), field)
 
@@ -251,3 +226,44 @@ class HarmonyParser:
         if self._call is not None:
             self.calls.append(self._call)
             self._call = None
+
+
+class Harmony(CallFormat):
+    name = "harmony"
+    wraps_answer = True
+
+    def detects(self, template: str) -> bool:
+        return is_harmony(template)
+
+    def render_messages(
+        self, messages: list[ChatMessage], tools: list[Tool]
+    ) -> tuple[list[dict], list]:
+        return render_messages(messages), [t.openai() for t in tools]
+
+    def grammar(
+        self,
+        tools: list[Tool],
+        choice: ToolChoice,
+        parallel: bool = True,
+        text_schema: dict | bool | None = None,
+        single_tokens: frozenset[str] = frozenset(),
+    ) -> Grammar:
+        return grammar(tools, choice, text_schema)
+
+    def parser(self, tool_names: frozenset[str] | None = None) -> HarmonyParser:
+        return HarmonyParser(tool_names)
+
+    def reasoning(self, template: str) -> str | None:
+        return "harmony"
+
+    def template_vars(self, reasoning: str | None, level: str | None) -> dict:
+        return {} if level is None else {"reasoning_effort": effort_of(level)}
+
+    def reply_parser(
+        self, tool_names: frozenset[str] | None, reasoning: str | None, inside: bool
+    ) -> HarmonyParser:
+        """Every harmony reply is channels: read whether or not tools were offered."""
+        return HarmonyParser(tool_names)
+
+
+FORMAT = Harmony()

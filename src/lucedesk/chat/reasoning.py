@@ -12,36 +12,12 @@ whole text; whitespace around the reasoning and before the answer is not content
 
 from __future__ import annotations
 
-from lucedesk.engine.harmony import effort_of, is_harmony
-from lucedesk.engine.messages import ToolCall
-from lucedesk.engine.tool_parser import (
-    ReasoningDelta,
-    TextDelta,
-    ToolCallParser,
-    merge,
-    overlap_with_start,
-)
+from lucedesk.chat.messages import ToolCall
+from lucedesk.chat.tool_parser import ReasoningDelta, TextDelta, ToolCallParser, merge
+from lucedesk.engine import overlap_with_start
 
 OPEN, CLOSE = "<think>", "</think>"
 LEVELS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
-
-
-def reasoning_format(template: str | None) -> str | None:
-    """How a chat template's model reasons: "harmony" (gpt-oss's channels), "think" (tags),
-    or None (it does not, as far as its template tells)."""
-    if is_harmony(template):
-        return "harmony"
-    return "think" if OPEN in (template or "") else None
-
-
-def reasoning_switch(fmt: str | None, reasoning: str | None) -> dict:
-    """The template variables that set a request's reasoning level (one of LEVELS; None:
-    the template's default): Qwen3's enable_thinking, gpt-oss's reasoning_effort."""
-    if reasoning is None or fmt is None:
-        return {}
-    if fmt == "harmony":
-        return {"reasoning_effort": effort_of(reasoning)}
-    return {"enable_thinking": reasoning != "none"}
 
 
 def opens_reasoning(prompt_text: str) -> bool:

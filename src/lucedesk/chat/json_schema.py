@@ -5,6 +5,7 @@ the grammar, which then allows a little more, and the output is validated agains
 schema after it is written. Number bounds the grammar cannot write are dropped where dropping
 only loosens, and refused where no number it can write would satisfy them.
 
+    grammar = schema_grammar(schema, "tools[0]") # a Grammar; RequestError naming a bound
     loose = grammar_schema(schema, "tools[0]")   # raises RequestError naming the bound
     loose.schema, loose.dropped                   # what the grammar gets; keywords left out
     problem = check_value(schema, value)          # after generation: None, or what is wrong
@@ -12,10 +13,12 @@ only loosens, and refused where no number it can write would satisfy them.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from dataclasses import dataclass
 
+from lucedesk.engine import Grammar
 from lucedesk.errors import RequestError
 
 log = logging.getLogger(__name__)
@@ -75,6 +78,20 @@ def grammar_schema(schema: object, field: str) -> LooseSchema:
             field,
         )
     return LooseSchema(loose, frozenset(dropped))
+
+
+def schema_grammar(schema: dict | bool, field: str = "response_format") -> Grammar:
+    """The grammar for output matching `schema`: what of it the grammar can hold, with the
+    whole schema kept as its `strict` when that is more. Raises RequestError naming a bound
+    the grammar cannot meet."""
+    loose = grammar_schema(schema, field)
+    strict = json.dumps(schema) if loose.dropped else None
+    return Grammar("json_schema", json.dumps(loose.schema), field, strict)
+
+
+def json_object(field: str = "response_format") -> Grammar:
+    """The grammar for output that is any JSON object."""
+    return schema_grammar({"type": "object"}, field)
 
 
 def check_value(schema: object, value: object) -> str | None:

@@ -17,64 +17,26 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from lucedesk.engine.grammar import Grammar
-from lucedesk.engine.handle import RequestHandle, TokenLogprob
-from lucedesk.engine.json_schema import check_value
-from lucedesk.engine.messages import ChatMessage, Tool, ToolCall, ToolChoice, chat_messages
-from lucedesk.engine.repeated_calls import RepeatedCalls
-from lucedesk.engine.request import FinishReason, SamplingParams
-from lucedesk.engine.stops import FreeTextStops
-from lucedesk.engine.tool_parser import CallDelta, ReasoningDelta, TextDelta
+from lucedesk.chat.encoder import ChatEncoder, ChatPrompt
+from lucedesk.chat.formats import ReplyParser
+from lucedesk.chat.json_schema import check_value
+from lucedesk.chat.messages import ToolCall
+from lucedesk.chat.repeated_calls import RepeatedCalls
+from lucedesk.chat.stops import FreeTextStops
+from lucedesk.chat.tool_parser import CallDelta, ReasoningDelta, TextDelta
+from lucedesk.chat.turn_request import TurnRequest
+from lucedesk.engine import FinishReason, RequestHandle, SamplingParams, TokenLogprob
 from lucedesk.errors import RequestError
 
 if TYPE_CHECKING:
-    from lucedesk.engine.chat_encoder import ReplyParser
-    from lucedesk.engine.engine import Engine
+    from lucedesk.engine import Engine
 
 log = logging.getLogger(__name__)
 
 Finish = Literal["stop", "length", "tool_calls", "error"]
-
-
-@dataclass(slots=True)
-class TurnRequest:
-    """A chat turn or, with `prompt_ids` or `prompt_text`, a raw completion of those
-    tokens. Sampling fields left None take the engine's defaults."""
-
-    messages: list[ChatMessage] = field(default_factory=list)
-    tools: list[Tool] = field(default_factory=list)
-    tool_choice: ToolChoice = field(default_factory=ToolChoice)
-    parallel_tool_calls: bool = True
-    response_format: Grammar | None = None
-    # How hard a reasoning model thinks: "none", "low", "medium", "high" (reasoning.LEVELS);
-    # None: the model's default.
-    reasoning: str | None = None
-    # The last message is an assistant reply cut short: the model writes on from its text
-    # (the result holds what comes after it).
-    continue_final: bool = False
-    interactive: bool = False  # someone watches it (Engine.submit)
-    prompt_ids: list[int] | None = None
-    prompt_text: str | None = None  # a raw completion's prompt, tokenized with the turn
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
-    speculative: bool | None = None  # prompt-lookup drafts; None = the engine's default
-    logprobs: int | None = None
-    prompt_field: str = "messages"  # named in the error for a prompt that leaves no room
-    # The protocol's names for sampling fields, for errors: {"max_tokens": "max_output_tokens"}
-    field_names: dict[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        # In-process callers may write messages as plain dicts (messages.ChatMessage.parse).
-        self.messages = chat_messages(self.messages)
 
 
 @dataclass(slots=True, frozen=True)
@@ -120,68 +82,67 @@ class TurnResult:
     cut_call: bool = False
 
 
-def encode(engine: Engine, req: TurnRequest):
-    """The prompt tokens, the grammar, the reply's parser (None without tools) and the whole
-    schemas to check the reply against for `req`; raises RequestError naming the bad
-    field."""
-    if req.prompt_text is not None:
-        req = dataclasses.replace(req, prompt_ids=engine.tokenizer.encode(req.prompt_text))
-    if req.prompt_ids is not None:
-        grammar = req.response_format
-        strict = {}
-        if grammar is not None:
-            engine.check_grammar(grammar)
-            if grammar.strict is not None:
-                strict[None] = json.loads(grammar.strict)
-        return req.prompt_ids, grammar, None, strict
-    prompt = engine.encode_chat(
-        req.messages,
-        req.tools,
-        req.tool_choice,
-        req.parallel_tool_calls,
-        req.response_format,
-        req.reasoning,
-        req.continue_final,
-    )
-    return prompt.token_ids, prompt.grammar, prompt.parser(), prompt.strict
+def encode(engine: Engine, req: TurnRequest) -> ChatPrompt:
+    """The prompt for `req`: its tokens, the grammar its reply must follow, and how to read
+    the reply back; raises RequestError naming the bad field."""
+    if req.raw is None:
+        return ChatEncoder.of(engine).encode(
+            req.messages,
+            req.tools,
+            req.tool_choice,
+            req.parallel_tool_calls,
+            req.response_format,
+            req.reasoning,
+            req.continue_final,
+        )
+    ids = req.raw.ids if req.raw.text is None else engine.tokenizer.encode(req.raw.text)
+    grammar = req.response_format
+    strict: dict[str | None, object] = {}
+    if grammar is not None:
+        engine.check_grammar(grammar)
+        if grammar.strict is not None:
+            strict[None] = json.loads(grammar.strict)
+    return ChatPrompt(list(ids or []), grammar, strict=strict)
 
 
 def submit_turn(engine: Engine, req: TurnRequest, owner: str) -> Turn:
     """Encodes and submits; raises RequestError (the adapter answers it in its own shape)."""
-    prompt_ids, grammar, parser, strict = encode(engine, req)
+    prompt = encode(engine, req)
+    parser = prompt.parser()
+    s = req.sampling
     # max_tokens is an upper bound: capped to the room the prompt leaves, as peers do.
-    max_tokens = engine.output_room(len(prompt_ids), req.max_tokens, req.prompt_field)
+    max_tokens = engine.output_room(len(prompt.token_ids), s.max_tokens, req.names.prompt)
     # Stop strings end free text only, never a call or a schema the grammar holds: with a
     # parser the turn looks for them in the answer's text (`free_stops`); a reply the
     # grammar holds whole has none.
-    engine_stops, free_stops = tuple(req.stop), ()
-    if grammar is not None or parser is not None:
+    engine_stops, free_stops = tuple(s.stop), ()
+    if prompt.grammar is not None or parser is not None:
         if parser is not None and req.response_format is None:
             free_stops = engine_stops
         engine_stops = ()
     params = SamplingParams(
         max_tokens=max_tokens,
-        temperature=1.0 if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        top_k=req.top_k or 0,
-        min_p=req.min_p or 0.0,
-        seed=req.seed,
-        stop=tuple(req.stop),
-        ignore_eos=req.ignore_eos,
-        speculative=req.speculative,
-        grammar=grammar,
-        logprobs=req.logprobs,
+        temperature=1.0 if s.temperature is None else s.temperature,
+        top_p=1.0 if s.top_p is None else s.top_p,
+        top_k=s.top_k or 0,
+        min_p=s.min_p or 0.0,
+        seed=s.seed,
+        stop=tuple(s.stop),
+        ignore_eos=s.ignore_eos,
+        speculative=s.speculative,
+        grammar=prompt.grammar,
+        logprobs=s.logprobs,
     )
     try:
         params.validate()  # the stop strings too, wherever they are looked for
     except RequestError as exc:
-        name = req.field_names.get(exc.field or "")
+        name = req.names.fields.get(exc.field or "")
         if name is None:
             raise
         raise RequestError(name + str(exc).removeprefix(exc.field or ""), name) from None
     params = dataclasses.replace(params, stop=engine_stops)
-    handle = engine.submit(prompt_ids, params, owner=owner, interactive=req.interactive)
-    return Turn(engine, handle, parser, strict, free_stops)
+    handle = engine.submit(prompt.token_ids, params, owner=owner, interactive=req.interactive)
+    return Turn(engine, handle, parser, prompt.strict, free_stops)
 
 
 async def start_turn(engine: Engine, req: TurnRequest, owner: str) -> Turn:
