@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 
 import httpx
 import openai
@@ -230,8 +231,15 @@ def test_disconnect_mid_stream_frees_the_slot(server):
         wait_until(lambda: http.get("/slots").json()["blocks_used"] == 0)
 
 
-def test_a_client_asks_for_an_interactive_slot_by_header(server):
-    running, _ = server
+def test_a_client_asks_for_an_interactive_slot_by_header(server, monkeypatch):
+    running, engine = server
+    execute = engine.seq_engine.execute
+
+    def slowed(plan):  # the stream outlasts the /slots read however busy the machine is
+        time.sleep(0.01)
+        return execute(plan)
+
+    monkeypatch.setattr(engine.seq_engine, "execute", slowed)
     with httpx.Client(base_url=running.url, timeout=30) as http:
         asks = {"X-Lucedesk-Client": "watched", "X-Lucedesk-Priority": "interactive"}
         with http.stream("POST", "/v1/chat/completions", json=LONG_STREAM, headers=asks) as r:
