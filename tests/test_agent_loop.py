@@ -95,6 +95,15 @@ class ScriptedBackend:
             reply.text, calls, finish, len(self.prompt_ids), span.num_tokens, None, []
         )
 
+    async def context_limit(self) -> int | None:
+        return None  # scripted replies read no prompt: nothing to compact
+
+    def count(self, texts) -> list[int]:
+        return [len(t) // 4 for t in texts]
+
+    def prompt_tokens(self, req: TurnRequest) -> int:
+        return len(self.prompt_ids)
+
     def seen_by(self, session: AgentSession) -> list[TurnRequest]:
         """The requests of one session's turns, in order."""
         return [req for owner, req in self.requests if owner == session.owner]

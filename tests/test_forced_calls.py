@@ -100,9 +100,11 @@ def test_anthropic_any_never_repeats_and_disabling_parallel_gives_one(claude):
         )
         uses = [(b.name, json.dumps(b.input)) for b in m.content if b.type == "tool_use"]
         assert uses and distinct(uses), uses
-        assert m.stop_reason == "tool_use"
         if disable:
             assert len(uses) == 1
+        # Sampled, a model may go on with distinct calls (other cities) until max_tokens;
+        # what it never does is repeat one, or end otherwise. One call: the tool's end.
+        assert m.stop_reason == "tool_use" or (m.stop_reason == "max_tokens" and not disable)
     named = claude.messages.create(
         model="default",
         max_tokens=200,

@@ -120,6 +120,15 @@ class ThinkingBackend:
 
     label = "thinking"
 
+    async def context_limit(self):
+        return None  # no prompt is read: nothing to compact
+
+    def count(self, texts):
+        return [len(t) // 4 for t in texts]
+
+    def prompt_tokens(self, req):
+        return 0
+
     async def turn(self, req, owner, on_text, on_reasoning):
         import asyncio
 

@@ -13,7 +13,7 @@ import pytest
 from textual.widgets import Input, Static
 
 from lucedesk.agent import Runtime
-from lucedesk.tui.screens.keys import KeysScreen, key_rows
+from lucedesk.tui.screens.keys import KeysScreen, key_name, key_rows
 from lucedesk.tui.screens.main import MainScreen
 from lucedesk.tui.slash import COMMANDS
 from lucedesk.tui.widgets.chat_input import ChatInput
@@ -70,7 +70,8 @@ def test_the_readmes_key_table_is_what_the_keys_do():
         for key in keys.split(" / "):
             assert key in listed, f"README's key table lacks {key} ({action})"
     for key in re.findall(r"(?:Ctrl\+\w|F\d+|Esc)\b", listed):
-        bound = " ".join(k for k, _ in main_keys()) + " Ctrl+J Ctrl+P Shift+Enter Enter"
+        in_input = " ".join(key_name(b.key) for b in ChatInput.BINDINGS)
+        bound = " ".join(k for k, _ in main_keys()) + f" Ctrl+J Ctrl+P Shift+Enter Enter {in_input}"
         assert key in bound, f"README lists {key}, which nothing binds"
     for command in COMMANDS:
         assert f"/{command.name}" in README.read_text(), f"README lacks /{command.name}"

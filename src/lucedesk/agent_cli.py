@@ -20,15 +20,16 @@ from lucedesk.agent import (
     Backend,
     ChildStarted,
     EngineBackend,
-    Limits,
     MessageAdded,
     MessageDone,
     OpenAIBackend,
     Workspace,
+    marker_line,
     run_to_answer,
 )
 from lucedesk.chat import ToolChoice
 from lucedesk.commands import build_from_args
+from lucedesk.commands.settings import agent_limits
 from lucedesk.errors import ConfigError
 from lucedesk.store import Session, Store, data_dir
 
@@ -82,7 +83,7 @@ class TerminalAsk:
 
 
 class Progress:
-    """Tool calls and children as one line each on stderr."""
+    """Tool calls, children and compactions as one line each on stderr."""
 
     def __init__(self, quiet: bool) -> None:
         self.quiet = quiet
@@ -99,6 +100,8 @@ class Progress:
         elif isinstance(event, MessageDone) and event.message.role == "tool":
             first = (event.message.content.splitlines() or [""])[0]
             self.say(f"{indent}← {first[:200]}")
+        elif isinstance(event, MessageAdded) and event.message.role == "compaction":
+            self.say(f"{indent}≡ {marker_line(event.message)}")
 
     @staticmethod
     def say(text: str) -> None:
@@ -130,6 +133,7 @@ def check_args(args: argparse.Namespace) -> tuple[Workspace, list[ToolChoice]]:
     choices = parse_tool_choices(args.tool_choice)
     if args.max_steps < 1:
         raise ConfigError("--max-steps must be at least 1")
+    agent_limits(args)  # --compact-at checked before a model loads
     return workspace, choices
 
 
@@ -173,7 +177,7 @@ async def run_agent(args: argparse.Namespace, store: Store, backend: Backend) ->
             workspace,
             args.prompt,
             approvals=Approvals(args.allow_edits, args.allow_commands, ask),
-            limits=Limits(max_steps=args.max_steps, max_depth=args.max_depth),
+            limits=agent_limits(args),
             agent_type=args.agent,
             system=args.system or "",
             temperature=args.temperature,

@@ -64,6 +64,17 @@ def _access_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _compaction_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--compact-at",
+        type=float,
+        default=0.8,
+        metavar="SHARE",
+        help="compact a session when a turn's prompt would pass this share of the context "
+        "(0.3-0.95; default 0.8): its older messages are summarized for the model",
+    )
+
+
 def _sampling_args(p: argparse.ArgumentParser, max_tokens: int = 256) -> None:
     g = p.add_argument_group("sampling")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -96,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
         + ", ".join(f"{t.switch} ({t.summary})" for t in TYPES.values()),
     )
     parser.add_argument("--allow-edits", action="store_true", help="TUI: edit without asking")
+    _compaction_arg(parser)
     parser.add_argument(
         "--allow-commands", action="store_true", help="TUI: run commands without asking"
     )
@@ -135,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     agent.add_argument("--max-steps", type=int, default=30, help="model turns before it stops")
     agent.add_argument("--max-depth", type=int, default=2, help="how deep subagents may nest")
+    _compaction_arg(agent)
     agent.add_argument("--system", default=None, help="added to the agent's system prompt")
     agent.add_argument("--base-url", help="use this OpenAI-compatible server, not the engine")
     agent.add_argument("--api-key", default=None)

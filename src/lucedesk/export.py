@@ -49,6 +49,11 @@ def export_markdown(session: Session) -> str:
                 "",
             ]
             continue
+        if m.role == "compaction":  # what the model read in place of the messages above
+            marker = f"{m.compacted:,} messages compacted into a summary ({m.tokens:,} tokens)"
+            lines += [f"> {marker}", "", "<details><summary>summary</summary>", "", m.content]
+            lines += ["", "</details>", ""]
+            continue
         lines += [f"## {' · '.join([m.role, *m.notes()])}", ""]
         if m.reasoning:
             lines += [

@@ -15,6 +15,8 @@ from lucedesk.agent.agent_types import AGENT_TYPES, SWITCHES, TASK_TYPES, AgentT
 from lucedesk.agent.approvals import ApprovalRequest, Approvals
 from lucedesk.agent.backend import Backend, EngineBackend, OpenAIBackend
 from lucedesk.agent.children import split_progress, split_text
+from lucedesk.agent.compaction import Policy
+from lucedesk.agent.compactor import marker_line
 from lucedesk.agent.events import (
     AgentEvent,
     ChildStarted,
@@ -49,6 +51,7 @@ __all__ = [
     "MessageDone",
     "Observer",
     "OpenAIBackend",
+    "Policy",
     "PhaseChanged",
     "Runtime",
     "ReasoningStreamed",
@@ -59,6 +62,7 @@ __all__ = [
     "ToolError",
     "ToolSpec",
     "Workspace",
+    "marker_line",
     "split_progress",
     "split_text",
     "run_to_answer",

@@ -2,17 +2,23 @@
 (another lucedesk, vLLM, llama.cpp's server). Both take the engine's `TurnRequest`
 and give back a `TurnResult`, the reply's text streamed to `on_text` and its reasoning to
 `on_reasoning` as they come; an error is a result with finish "error", never an exception.
-Cancelling the caller cancels the request."""
+Cancelling the caller cancels the request.
+
+Both also measure, for compaction and the context shown in a pane: the tokens one request
+holds, a prompt's tokens and a text's. The engine counts with the model's own tokenizer and
+template; a server is asked its context once (its model listing) and its tokens estimated
+from characters, on the high side."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Protocol
 
 import httpx
 
-from lucedesk.chat import ToolCall, TurnRequest, TurnResult, start_turn
+from lucedesk.chat import ToolCall, ToolChoice, TurnRequest, TurnResult, count_prompt, start_turn
 from lucedesk.engine import Engine, RequestError
 
 OnText = Callable[[str], None]
@@ -28,6 +34,18 @@ class Backend(Protocol):
     async def turn(
         self, req: TurnRequest, owner: str, on_text: OnText, on_reasoning: OnText
     ) -> TurnResult: ...
+
+    async def context_limit(self) -> int | None:
+        """The most tokens one request holds (prompt and reply); None when unknown."""
+        ...
+
+    def count(self, texts: Iterable[str]) -> list[int]:
+        """Each text's tokens."""
+        ...
+
+    def prompt_tokens(self, req: TurnRequest) -> int:
+        """The tokens of `req`'s prompt as the model reads it."""
+        ...
 
 
 class EngineBackend:
@@ -47,6 +65,22 @@ class EngineBackend:
         except RequestError as exc:
             return failed(str(exc))
         return await turn.collect(on_text, on_reasoning)
+
+    async def context_limit(self) -> int | None:
+        try:
+            return self.engine().max_request_tokens
+        except RequestError:  # no model runs now
+            return None
+
+    def count(self, texts: Iterable[str]) -> list[int]:
+        tokenizer = self.engine().tokenizer
+        return [len(tokenizer.encode(t, add_special_tokens=False)) for t in texts]
+
+    def prompt_tokens(self, req: TurnRequest) -> int:
+        # Measured without the reply's grammar: compiling one is not needed to count.
+        return count_prompt(
+            self.engine(), replace(req, tool_choice=ToolChoice(), response_format=None)
+        )
 
 
 def wire_body(req: TurnRequest, model: str) -> dict:
@@ -103,6 +137,8 @@ class OpenAIBackend:
         self.label = self.url
         self.api_key = api_key
         self.model = model
+        self._context: int | None = None
+        self._asked = False
 
     async def turn(
         self, req: TurnRequest, owner: str, on_text: OnText, on_reasoning: OnText
@@ -169,6 +205,47 @@ class OpenAIBackend:
             [],
             reasoning="".join(reasoning),
         )
+
+    async def context_limit(self) -> int | None:
+        """The served model's context, as its listing says (lucedesk and vLLM:
+        `max_model_len`, others `context_length`, llama.cpp `meta.n_ctx_train`); asked once."""
+        if not self._asked:
+            self._asked = True
+            self._context = await listed_context(self.url, self.model, self.api_key)
+        return self._context
+
+    def count(self, texts: Iterable[str]) -> list[int]:
+        return [len(t) // CHARS_PER_TOKEN + 1 for t in texts]
+
+    def prompt_tokens(self, req: TurnRequest) -> int:
+        return self.count([json.dumps(wire_body(req, self.model))])[0]
+
+
+# Characters per token where the tokenizer is the server's: English runs near four, code and
+# other languages fewer; three errs toward compacting early.
+CHARS_PER_TOKEN = 3
+
+
+async def listed_context(url: str, model: str, api_key: str | None) -> int | None:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        async with httpx.AsyncClient(timeout=10) as http:
+            r = await http.get(url + "/models", headers=headers)
+            listing = r.json().get("data") if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    entries = [e for e in listing if isinstance(e, dict)] if isinstance(listing, list) else []
+    named = [e for e in entries if e.get("id") == model]
+    for entry in named or (entries if len(entries) == 1 else []):
+        meta = entry.get("meta") if isinstance(entry.get("meta"), dict) else {}
+        for value in (
+            entry.get("max_model_len"),
+            entry.get("context_length"),
+            meta.get("n_ctx_train"),
+        ):
+            if isinstance(value, int) and value > 0:
+                return value
+    return None
 
 
 def call_of(calls: dict, piece: dict) -> dict:

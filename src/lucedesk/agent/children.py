@@ -13,6 +13,7 @@ import json
 from typing import TYPE_CHECKING
 
 from lucedesk.agent.agent_types import AGENT_TYPES, TASK_TYPES, type_named
+from lucedesk.agent.compactor import shorten_report
 from lucedesk.agent.events import MessageAdded, MessageDone
 from lucedesk.agent.runtime import AgentResult
 from lucedesk.agent.tool_error import ToolError
@@ -78,7 +79,8 @@ async def run_child(parent: LiveSession, description: str, prompt: str, type_nam
             parent.store.set_status(child.record, "cancelled")
         raise
     if result.status == "done":
-        return result.text.strip() or "(the subagent answered with an empty message)"
+        text = result.text.strip() or "(the subagent answered with an empty message)"
+        return await shorten_report(child, prompt, text, parent.runtime.limits.compaction)
     if result.status == "cancelled":
         raise ToolError("the subagent was cancelled before it finished")
     if result.status == "step_limit":

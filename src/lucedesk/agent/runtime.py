@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from lucedesk.agent.approvals import Approvals
+from lucedesk.agent.compaction import Policy
 
 if TYPE_CHECKING:
     from lucedesk.agent.backend import Backend
@@ -21,6 +22,7 @@ class Limits:
     max_steps: int = 30  # model turns in one run of the loop
     max_depth: int = 2  # children of children of a top-level session, no deeper
     max_children: int = 8  # task calls of one turn that run (the rest get an error)
+    compaction: Policy = field(default_factory=Policy)  # when and how a full context is compacted
 
 
 @dataclass(slots=True)

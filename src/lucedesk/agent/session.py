@@ -18,9 +18,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 import lucedesk.agent.children as child_sessions
+from lucedesk.agent import compactor
 from lucedesk.agent.agent_types import type_named
+from lucedesk.agent.compaction import Policy
 from lucedesk.agent.events import (
     ChildStarted,
     MessageAdded,
@@ -35,6 +38,7 @@ from lucedesk.agent.tools import ToolSpec, tools_for
 from lucedesk.agent.workspace import Workspace
 from lucedesk.chat import ChatMessage, Sampling, Tool, ToolChoice, TurnRequest, TurnResult
 from lucedesk.engine import Grammar
+from lucedesk.errors import RequestError
 from lucedesk.store import Session, Store, StoredMessage
 
 log = logging.getLogger(__name__)
@@ -115,7 +119,10 @@ class AgentSession:
     # -- the loop ---------------------------------------------------------------------------
 
     async def send(self, text: str) -> AgentResult:
-        """A user message, then the loop until the final answer."""
+        """A user message, then the loop until the final answer. A message larger than the
+        context can ever hold beside the system prompt and tools is refused, not stored."""
+        if (refusal := await self.refusal(text)) is not None:
+            return AgentResult("error", "", refusal)
         message = self.store.add_message(self.record, StoredMessage("user", text))
         self.runtime.emit(MessageAdded(self, message))
         return await self.run()
@@ -128,9 +135,67 @@ class AgentSession:
             raise ValueError("the last message is not a reply cut short")
         return await self.run(continued=last)
 
+    @property
+    def policy(self) -> Policy:
+        return self.runtime.limits.compaction
+
+    async def refusal(self, text: str) -> str | None:
+        """Why `text` cannot be sent as the next message (None: it can). Whatever else the
+        session holds can be compacted; the system prompt, the tools and the message cannot."""
+        backend = self.runtime.backend
+        limit = await backend.context_limit()
+        if limit is None:
+            return None
+        try:
+            bare = replace(self.next_turn(), messages=self.model_messages(only_system=True))
+            fixed = backend.prompt_tokens(bare)
+            [tokens] = backend.count([text])
+        except RequestError:  # no model runs now: the turn says so
+            return None
+        room = self.policy.message_room(fixed, limit)
+        if tokens <= room:
+            return None
+        return (
+            f"the message is {tokens:,} tokens; the context holds {limit:,}, and beside the "
+            f"system prompt and tools one message can take at most {max(room, 0):,}"
+        )
+
+    async def context_use(self) -> tuple[int, int] | None:
+        """The next turn's prompt as it stands and the context: (tokens, limit)."""
+        backend = self.runtime.backend
+        limit = await backend.context_limit()
+        if limit is None:
+            return None
+        try:
+            return backend.prompt_tokens(self.next_turn()), limit
+        except RequestError:
+            return None
+
+    def next_turn(self) -> TurnRequest:
+        """The next turn as it would be asked now (tools offered, the choice free)."""
+        return self.turn_request(ToolChoice(), self.tools(), None)
+
+    async def compact(self, focus: str = "") -> AgentResult:
+        """`/compact [focus]`: the conversation but its last exchange summarized now."""
+
+        async def work() -> AgentResult:
+            self.set_phase("compacting", "running")
+            limit = await self.runtime.backend.context_limit()
+            if limit is None:
+                raise ValueError(f"{self.runtime.backend.label} does not say its context")
+            policy = Policy(recent=0.0, summary_tokens=self.policy.summary_tokens)
+            marker = await compactor.compact(self, policy, limit, focus, by_hand=True)
+            self.set_phase("done", "done")
+            if marker is None:
+                return AgentResult("error", "", "nothing to compact yet")
+            return AgentResult("done", marker.content)
+
+        return await self.guarded(work)
+
     def continuable(self) -> StoredMessage | None:
         """The last message, if it is a reply with text that a turn can write on from."""
-        last = self.record.messages[-1] if self.record.messages else None
+        shown = [m for m in self.record.messages if m.role != "compaction"]
+        last = shown[-1] if shown else None
         if last is None or last.role != "assistant" or not last.content.strip():
             return None
         return None if last.tool_calls else last
@@ -198,10 +263,13 @@ class AgentSession:
         self.set_phase("step limit", "step_limit")
         return AgentResult("step_limit", note, note)
 
-    def model_messages(self) -> list[ChatMessage]:
-        """The stored chat, with the agent type's preamble in front of the system prompt
-        when the session works in a folder."""
+    def model_messages(self, only_system: bool = False) -> list[ChatMessage]:
+        """The stored chat as the model reads it (compactions: the summary in place of what
+        it covers), with the agent type's preamble in front of the system prompt when the
+        session works in a folder; `only_system`: the system prompt alone."""
         messages = self.record.chat_messages()
+        if only_system:
+            messages = [m for m in messages[:1] if m.role == "system"]
         preamble = type_named(self.record.agent_type).prompt
         if self.workspace is None or not preamble:
             return messages
@@ -249,6 +317,7 @@ class AgentSession:
         if continued is not None:  # the text as the template keeps it (trailing space trimmed)
             continued.content = continued.content.rstrip()
         req = self.turn_request(choice, tools, response_format, max_tokens)
+        req = await compactor.fit_request(self, req, self.policy)
         s = self.record
         if continued is None:
             reply = self.store.begin_reply(s, split)

@@ -29,6 +29,7 @@ from lucedesk.chat.turn import (
     TurnEnd,
     TurnEvent,
     TurnResult,
+    count_prompt,
     start_turn,
     submit_turn,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "json_object",
     "reasoning_format",
     "schema_grammar",
+    "count_prompt",
     "start_turn",
     "submit_turn",
 ]

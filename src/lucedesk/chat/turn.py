@@ -105,6 +105,11 @@ def encode(engine: Engine, req: TurnRequest) -> ChatPrompt:
     return ChatPrompt(list(ids or []), grammar, strict=strict)
 
 
+def count_prompt(engine: Engine, req: TurnRequest) -> int:
+    """The tokens of `req`'s prompt as `engine`'s model reads it."""
+    return len(encode(engine, req).token_ids)
+
+
 def submit_turn(engine: Engine, req: TurnRequest, owner: str) -> Turn:
     """Encodes and submits; raises RequestError (the adapter answers it in its own shape)."""
     prompt = encode(engine, req)

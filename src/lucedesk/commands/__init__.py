@@ -10,7 +10,7 @@ import sys
 
 from lucedesk.chat import ChatEncoder, ChatMessage, schema_grammar
 from lucedesk.commands.models import resolve_model_arg
-from lucedesk.commands.settings import engine_config, engine_overrides
+from lucedesk.commands.settings import agent_limits, engine_config, engine_overrides
 from lucedesk.engine import BuiltEngine
 
 
@@ -282,6 +282,7 @@ def tui(args: argparse.Namespace) -> int:
         agent_type=SWITCHES[args.tools],
         approvals=Approvals(args.allow_edits, args.allow_commands),
         mcp_config=None if args.no_mcp else Path(args.mcp_config or default_mcp_config_path()),
+        limits=agent_limits(args),
     )
     app.run()
     # Everything is closed by now (generation stopped, the server and the store closed):

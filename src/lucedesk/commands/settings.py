@@ -1,4 +1,5 @@
-"""The engine settings a command's arguments ask for: the profile and its overrides."""
+"""The settings a command's arguments ask for: the profile and its overrides, the agents'
+limits."""
 
 from __future__ import annotations
 
@@ -18,3 +19,17 @@ def engine_config(args: argparse.Namespace):
     from lucedesk import profile
 
     return profile.resolve(getattr(args, "profile", None), engine_overrides(args))
+
+
+def agent_limits(args: argparse.Namespace):
+    """The agents' limits: --max-steps, --max-depth (lucedesk agent) and --compact-at."""
+    from lucedesk.agent import Limits, Policy
+    from lucedesk.errors import ConfigError
+
+    share = args.compact_at
+    if not 0.3 <= share <= 0.95:
+        raise ConfigError(f"--compact-at {share:g}: give a share of the context from 0.3 to 0.95")
+    limits = Limits(compaction=Policy(compact_at=share))
+    limits.max_steps = getattr(args, "max_steps", limits.max_steps)
+    limits.max_depth = getattr(args, "max_depth", limits.max_depth)
+    return limits

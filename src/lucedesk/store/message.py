@@ -15,7 +15,7 @@ from lucedesk.chat import ChatMessage, ToolCall
 
 @dataclass(eq=False)
 class StoredMessage:
-    role: str  # user | assistant | tool
+    role: str  # user | assistant | tool | compaction
     content: str = ""
     # done | streaming | interrupted (its process died) | aside<n>:<status> (set aside)
     status: str = "done"
@@ -35,6 +35,13 @@ class StoredMessage:
     # of subtasks its JSON holds (shown as progress while it streams).
     prompt: str = ""
     split: int = 0
+    # A compaction (its content the summary): the first message the model still reads whole,
+    # the user message kept in front of them when the cut fell inside its turn, how many
+    # messages the summary stands for, and its length in tokens.
+    keep_from: int = 0
+    pinned: int = 0
+    compacted: int = 0
+    tokens: int = 0
 
     def meta(self) -> dict:
         """The fields kept in the row's `meta` column: those not at their defaults."""

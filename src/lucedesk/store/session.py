@@ -8,6 +8,11 @@ from dataclasses import dataclass, field, fields
 from lucedesk.chat import ChatMessage
 from lucedesk.store.message import StoredMessage
 
+SUMMARY_INTRO = (
+    "The older messages of this conversation were compacted; your notes on them follow, "
+    "and the conversation goes on after them."
+)
+
 
 @dataclass
 class Session:
@@ -24,12 +29,26 @@ class Session:
     workspace: str = ""
     messages: list[StoredMessage] = field(default_factory=list)
 
+    def model_view(self) -> tuple[str, list[StoredMessage]]:
+        """The summary of what the last compaction covers ("" when none), and the messages
+        the model reads whole: those from where it cut (with the user message it kept in
+        front), without a reply or tool call still being written."""
+        shown = [m for m in self.messages if not m.streaming and m.role != "compaction"]
+        marker = next((m for m in reversed(self.messages) if m.role == "compaction"), None)
+        if marker is None:
+            return "", shown
+        kept = [m for m in shown if m.id >= marker.keep_from or m.id == marker.pinned]
+        return marker.content, kept
+
     def chat_messages(self) -> list[ChatMessage]:
-        """What the model sees: the system prompt, then the conversation (without a reply
-        or tool call still being written)."""
-        out = [ChatMessage("system", self.system_prompt)] if self.system_prompt else []
-        out += [m.chat_message() for m in self.messages if not m.streaming]
-        return out
+        """What the model sees: the system prompt (and the summary of what was compacted),
+        then the conversation."""
+        summary, messages = self.model_view()
+        system = self.system_prompt
+        if summary:
+            system = f"{system}\n\n{SUMMARY_INTRO}\n{summary}".strip()
+        out = [ChatMessage("system", system)] if system else []
+        return out + [m.chat_message() for m in messages]
 
 
 # The sessions table's columns a Session carries, in the order of its fields: a row selected

@@ -39,9 +39,15 @@ class AgentRunner:
     asked as dialogs on `app`."""
 
     def __init__(
-        self, app: App, store: Store, engine: Callable[[], Engine], approvals: Approvals
+        self,
+        app: App,
+        store: Store,
+        engine: Callable[[], Engine],
+        approvals: Approvals,
+        limits: Limits,
     ) -> None:
         self.app = app
+        self.limits = limits
         self.store = store
         self.engine = engine
         self.approvals = approvals
@@ -76,23 +82,27 @@ class AgentRunner:
                 self.approvals,
                 self.extra_tools,
                 self.observe,
-                Limits(),
+                self.limits,
                 watched=self.watched,
             )
             self.runtimes[backend_url] = runtime
         return runtime
 
     def session(self, record: Session) -> AgentSession:
-        """The live agent of a stored session (made on first use)."""
+        """The live agent of a stored session (made on first use, and again, between runs,
+        when the session was sent to another backend: /backend)."""
         agent = self.live.get(record.id)
-        if agent is None or (agent.record is not record and not agent.running):
+        runtime = self.runtime(record.backend_url)
+        if agent is None or (
+            not agent.running and (agent.record is not record or agent.runtime is not runtime)
+        ):
             # A subagent continued after a restart keeps its depth: the limit still holds.
             depth, parent_id = 0, record.parent_id
             while parent_id is not None and depth < 64:
                 parent = self.store.session(parent_id)
                 parent_id = parent.parent_id if parent is not None else None
                 depth += 1
-            agent = AgentSession(self.runtime(record.backend_url), record, depth)
+            agent = AgentSession(runtime, record, depth)
             self.live[record.id] = agent
         return agent
 

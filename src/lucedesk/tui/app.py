@@ -7,7 +7,7 @@ from pathlib import Path
 from textual.app import App, SystemCommand
 from textual.screen import Screen
 
-from lucedesk.agent import Approvals
+from lucedesk.agent import Approvals, Limits
 from lucedesk.store import Store
 from lucedesk.tui.agents import AgentRunner
 from lucedesk.tui.engine_host import EngineHost
@@ -29,13 +29,16 @@ class LucedeskApp(App):
         agent_type: str = "general",
         approvals: Approvals | None = None,
         mcp_config: Path | None = None,
+        limits: Limits | None = None,
     ) -> None:
         super().__init__()
         self.host = host
         self.store = store
         self.workspace = (workspace or Path.cwd()).resolve()  # where new sessions' tools work
         self.agent_type = agent_type  # of new sessions: general, explore or chat (no tools)
-        self.agents = AgentRunner(self, store, lambda: self.host.engine, approvals or Approvals())
+        self.agents = AgentRunner(
+            self, store, lambda: self.host.engine, approvals or Approvals(), limits or Limits()
+        )
         self.mcp_config = mcp_config  # None: no MCP servers
         self.mcp = None
         # Typed on the loading screen; the main screen puts it in its first pane's input.

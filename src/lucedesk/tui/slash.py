@@ -109,6 +109,10 @@ async def model(pane: ChatPane, rest: str) -> None:
     pane.app.switch_model(rest)
 
 
+async def compact(pane: ChatPane, rest: str) -> None:
+    pane.start_compact(rest)
+
+
 async def continue_(pane: ChatPane, rest: str) -> None:
     pane.continue_reply()
 
@@ -139,6 +143,13 @@ COMMANDS = [
     Command("max", "<tokens>", "the most tokens a reply may have", max_tokens),
     Command("title", "<name>", "rename this session", title),
     Command("continue", "", "write on from a reply cut short (Esc, max tokens)", continue_),
+    Command(
+        "compact",
+        "[focus]",
+        "summarize the conversation but its last exchange now (the model reads the summary "
+        "from then on; the screen and the store keep every message)",
+        compact,
+    ),
     Command("undo", "", "bring back the reply Ctrl+R replaced", undo),
     Command("export", "", "write this session to Markdown", export),
     Command("backend", "<url|local>", "send this session to another server", backend),

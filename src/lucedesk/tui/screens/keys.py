@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 INPUT_KEYS = [
     ("Enter", "send the message (or run the /command)"),
     ("Ctrl+J / Shift+Enter", "new line"),
+    ("Ctrl+O", "unfold the pastes folded into one line, to edit them"),
+    ("Esc", "a queued message back into the input (else: stop the reply)"),
     ("Ctrl+Z", "undo typing"),
 ]
 SIDEBAR_KEYS = [

@@ -242,6 +242,8 @@ class MainScreen(SidebarActions, Screen):
 
     def action_stop(self) -> None:
         pane = self.pane()
+        if pane is not None and pane.unqueue():  # a queued message first, back to edit
+            return
         if pane is not None and pane.stop():
             kind = "Subagent" if pane.session.kind == "subagent" else "Agent"
             self.app.notify(f"{kind} {pane.session.title!r} stopped.")

@@ -20,9 +20,11 @@ from lucedesk.agent import AgentSession
 from lucedesk.chat import ToolChoice, format_of
 from lucedesk.export import export_dir, export_markdown, slug
 from lucedesk.store import Session, StoredMessage
-from lucedesk.tui.messages import AgentUpdate, PromptSubmitted, SessionsChanged
+from lucedesk.tui.messages import AgentUpdate, SessionsChanged
 from lucedesk.tui.widgets.chat_input import ChatInput
+from lucedesk.tui.widgets.compaction_view import CompactionView
 from lucedesk.tui.widgets.message_view import MessageView
+from lucedesk.tui.widgets.pane_input import PaneInput
 from lucedesk.tui.widgets.pane_updates import PaneUpdates, shown_text
 from lucedesk.tui.widgets.tool_call_view import ToolCallView
 
@@ -80,7 +82,7 @@ class Transcript(VerticalScroll, can_focus=False):
 CommandRunner = Callable[["ChatPane", str], Awaitable[bool]]
 
 
-class ChatPane(PaneUpdates, Vertical, can_focus=False):
+class ChatPane(PaneUpdates, PaneInput, Vertical, can_focus=False):
     DEFAULT_CSS = """
     ChatPane { width: 1fr; border: round $panel; }
     ChatPane:focus-within { border: round $accent; }
@@ -91,26 +93,32 @@ class ChatPane(PaneUpdates, Vertical, can_focus=False):
     ChatPane > #new-below { height: 1; width: 1fr; content-align: center middle;
                             background: $accent 30%; display: none; }
     ChatPane > #new-below.shown { display: block; }
+    ChatPane > #queued { height: auto; max-height: 2; padding: 0 1; color: $warning;
+                         display: none; }
+    ChatPane > #queued.shown { display: block; }
     """
 
     def __init__(self, session: Session, run_command: CommandRunner) -> None:
         super().__init__()
         self.session = session
         self.run_command = run_command  # a slash command line: False when it failed
-        self.views: dict[int, MessageView | ToolCallView] = {}  # by stored message id
+        self.views: dict[int, MessageView | ToolCallView | CompactionView] = {}  # by message id
         self._starting = False  # a run is on its way to the agent (busy before it starts)
         self._take_back = True  # a run stopped before a word puts its question back
         self.closing = False  # being taken down (Ctrl+W): updates that arrive are dropped
         # /tool-choice's choices for the next run (typed while one runs, they wait for it)
         self.next_choices: list[ToolChoice] | None = None
+        self.setup_input()
 
     def compose(self) -> ComposeResult:
         yield Label(self.header_text(), id="header")
         yield Transcript(id="log")
         yield Label("↓ new output below · click or End to follow", id="new-below")
+        yield Label("", id="queued")
         yield ChatInput(id="input")
 
     async def on_mount(self) -> None:
+        self.query_one(ChatInput).count_tokens = self.count_text
         await self.show_session(self.session)
 
     @property
@@ -151,8 +159,8 @@ class ChatPane(PaneUpdates, Vertical, can_focus=False):
         system = " · system prompt set" if s.system_prompt and s.kind != "subagent" else ""
         backend = f" · via {s.backend_url}" if s.backend_url else ""
         return (
-            f"{phase}{kind}{s.title} · {tools} · temp {s.temperature:g} · max {s.max_tokens}"
-            f"{system}{backend}"
+            f"{phase}{self.context_text()}{kind}{s.title} · {tools} · temp {s.temperature:g}"
+            f" · max {s.max_tokens}{system}{backend}"
         )
 
     def refresh_header(self) -> None:
@@ -164,7 +172,7 @@ class ChatPane(PaneUpdates, Vertical, can_focus=False):
         box = self.query_one(ChatInput)
         drafts = self.app.drafts
         if self.is_mounted and self.session.id != session.id:
-            drafts[self.session.id] = box.text
+            drafts[self.session.id] = box.whole_text
             self.app.forget_if_unused(self.session)
         live = self.app.agents.live.get(session.id)
         self.session = live.record if live is not None else session  # a running child's own
@@ -175,16 +183,21 @@ class ChatPane(PaneUpdates, Vertical, can_focus=False):
         if not views:
             views = [Static(WELCOME, id="welcome")]
         await log.mount_all([v for v in views if v is not None])
+        box.clear()
         box.text = drafts.pop(self.session.id, "")
         box.move_cursor(box.document.end)
         log.jump_to_end()
         self.new_below(False)
+        self.context = None
         self.refresh_header()
+        self.measure_context()
         self.post_message(SessionsChanged())
 
-    def view_for(self, m: StoredMessage) -> MessageView | ToolCallView | None:
+    def view_for(self, m: StoredMessage) -> MessageView | ToolCallView | CompactionView | None:
         """The widget of one stored message (remembered by id, so updates find it)."""
-        if m.role == "tool":
+        if m.role == "compaction":
+            view = CompactionView(m)
+        elif m.role == "tool":
             view = ToolCallView(m)
         elif m.role == "assistant" and not m.content and m.tool_calls:
             if not m.streaming:
@@ -208,26 +221,6 @@ class ChatPane(PaneUpdates, Vertical, can_focus=False):
 
     # -- input ------------------------------------------------------------------------------
 
-    async def on_prompt_submitted(self, message: PromptSubmitted) -> None:
-        message.stop()
-        text = message.text.strip()
-        box = self.query_one(ChatInput)
-        if not text:
-            self.app.notify("Type a message first.", severity="warning")
-            return
-        if text.startswith("/"):  # those for the next turn run while one is answered too
-            if await self.run_command(self, text):
-                box.clear()
-            else:
-                box.select_all()  # left to fix; whatever is typed next replaces it
-            return
-        if self.busy:
-            self.app.notify("This pane is still answering; Esc stops it.", severity="warning")
-            box.select_all()
-            return
-        box.clear()
-        await self.send(text)
-
     async def send(self, text: str) -> None:
         s = self.session
         if not s.messages and untitled(s.title):
@@ -236,9 +229,11 @@ class ChatPane(PaneUpdates, Vertical, can_focus=False):
             self.refresh_header()
         self._start(self.agent.send(text))
 
-    def _start(self, work, take_back: bool = True) -> None:
-        """A run of the agent: the tool choices /tool-choice set for it, else free."""
-        self.agent.tool_choices, self.next_choices = self.next_choices or [ToolChoice()], None
+    def _start(self, work, take_back: bool = True, turns: bool = True) -> None:
+        """A run of the agent: the tool choices /tool-choice set for it, else free (`turns`
+        False: a run without model turns of its own, /compact)."""
+        if turns:
+            self.agent.tool_choices, self.next_choices = self.next_choices or [ToolChoice()], None
         self._starting = True
         self.run_worker(self.run_agent(work, take_back), group="agent", exit_on_error=False)
 
@@ -304,6 +299,9 @@ class ChatPane(PaneUpdates, Vertical, can_focus=False):
             await self.show_session(session)
             self.query_one(ChatInput).text = last
         self.post_message(SessionsChanged())
+        if self.session is session:
+            self.measure_context()
+            await self.after_run(result.status)
 
     async def on_agent_update(self, message: AgentUpdate) -> None:
         """What the agent of the shown session did; the screen forwards every update. A pane
@@ -341,6 +339,12 @@ class ChatPane(PaneUpdates, Vertical, can_focus=False):
         await self.show_session(self.session)
         self.start_reply()
         self.app.notify("Regenerating; /undo brings the previous reply back.")
+
+    def start_compact(self, focus: str) -> None:
+        """/compact [focus]: the conversation but its last exchange summarized now."""
+        if self.busy:
+            raise ValueError("still answering; Esc stops it first")
+        self._start(self.agent.compact(focus), take_back=False, turns=False)
 
     def continue_reply(self) -> None:
         """/continue: the last reply, cut short, written on from where it stopped."""

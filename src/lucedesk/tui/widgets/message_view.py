@@ -1,5 +1,6 @@
 """One message of a conversation, rendered as Markdown; replies stream into it, their
-reasoning (a thinking model's) folded under the title."""
+reasoning (a thinking model's) folded under the title. A user message is shown as typed, a
+long paste folded after its first lines."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Collapsible, Label, Markdown, Static
 from textual.widgets.markdown import MarkdownStream
+
+from lucedesk.tui.widgets.chat_input import FOLD_LINES
+
+SHOWN_LINES = 3  # of a user message longer than FOLD_LINES, shown before it is opened
 
 
 class MessageView(Vertical):
@@ -46,7 +51,18 @@ class MessageView(Vertical):
         if self.reasoning:
             yield self._reasoning_block()
         if self.role == "user":  # as typed or pasted, every line its own (not Markdown's)
-            yield Static(self.content, classes="typed", markup=False)
+            lines = self.content.split("\n")
+            if len(lines) <= FOLD_LINES:
+                yield Static(self.content, classes="typed", markup=False)
+                return
+            # a long paste: its first lines, the rest laid out when opened
+            yield Static("\n".join(lines[:SHOWN_LINES]), classes="typed", markup=False)
+            yield Collapsible(
+                Static("", classes="typed rest", markup=False),
+                title=f"{len(lines) - SHOWN_LINES:,} more lines ({len(lines):,} in all)",
+                collapsed=True,
+                classes="paste",
+            )
         else:
             yield Markdown(self.content)
 
@@ -73,7 +89,11 @@ class MessageView(Vertical):
         block.query_one(".reasoning", Static).update(self.reasoning)
 
     def on_collapsible_expanded(self, event: Collapsible.Expanded) -> None:
-        self._write_reasoning(event.collapsible)
+        if event.collapsible.has_class("paste"):
+            rest = self.content.split("\n")[SHOWN_LINES:]
+            event.collapsible.query_one(".rest", Static).update("\n".join(rest))
+        else:
+            self._write_reasoning(event.collapsible)
 
     @property
     def markdown(self) -> Markdown:
@@ -108,7 +128,7 @@ class MessageView(Vertical):
         if not self.is_attached:  # the app is quitting
             return
         if self.role == "user":
-            self.query_one(".typed", Static).update(text)
+            self.query(".typed").first(Static).update(text)
             return
         await self.markdown.update(text)
         self._rendered_at = time.monotonic()

@@ -1,7 +1,7 @@
 """How a pane shows what the agent of its session did: a message added (mounted), text and
 reasoning streamed into its view, a message or tool call done (its final form and how it
-ended), the phase in the header. Mixed into ChatPane, whose views, `view_for`, transcript and
-`follow` it uses."""
+ended), the phase in the header, the context use measured again. Mixed into ChatPane, whose
+views, `view_for`, transcript and `follow` it uses."""
 
 from __future__ import annotations
 
@@ -31,6 +31,8 @@ class PaneUpdates:
             self.refresh_header()
         elif isinstance(event, MessageAdded):
             await self.message_added(event.message)
+            if event.message.role == "compaction":
+                self.measure_context()
         elif isinstance(event, TextStreamed):
             view = self.views.get(event.message.id)
             if isinstance(view, MessageView):
@@ -45,6 +47,7 @@ class PaneUpdates:
                 view.update_call(event.message)
             elif isinstance(view, MessageView):
                 await self.message_done(view, event.message)
+            self.measure_context()
 
     async def message_added(self, message: StoredMessage) -> None:
         if message.id in self.views:
