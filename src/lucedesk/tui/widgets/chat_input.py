@@ -53,18 +53,20 @@ class ChatInput(TextArea):
         await super()._on_key(event)
 
     async def _on_paste(self, event: events.Paste) -> None:
-        lines = event.text.rstrip("\n").count("\n") + 1
+        # Terminals (and tmux) send a paste's line ends as carriage returns.
+        text = event.text.replace("\r\n", "\n").replace("\r", "\n")
+        lines = len(text.rstrip("\n").split("\n"))
         if lines <= FOLD_LINES or self.read_only:
             await super()._on_paste(event)
             return
         event.stop()
         event.prevent_default()
-        tokens = self.count_tokens(event.text)
+        tokens = self.count_tokens(text.strip())  # as it is sent
         counted = f" · {tokens:,} tokens" if tokens is not None else ""
         line = f"[pasted {lines:,} lines{counted}]"
         while line in self.pastes or line in self.text:  # a second paste of the same size
             line = line[:-1] + "+]"
-        self.pastes[line] = event.text
+        self.pastes[line] = text
         result = self.replace(line, *self.selection)
         self.move_cursor(result.end_location)
 

@@ -61,8 +61,8 @@ class PaneInput:
                 label.set_class(False, "shown")
                 continue
             first = " ".join(self.queued[0].split())
-            more = f" (+{len(self.queued) - 1} more)" if len(self.queued) > 1 else ""
-            label.update(f"queued: {first[:200]}{more} · sent when the reply ends · Esc edits")
+            more = f" ({len(self.queued)})" if len(self.queued) > 1 else ""
+            label.update(f"queued{more}: {first[:200]} · Esc edits")
             label.set_class(True, "shown")
 
     def unqueue(self) -> bool:
