@@ -82,11 +82,14 @@ async def fit_request(session: LiveSession, req: TurnRequest, policy: Policy) ->
     if limit is None or req.raw is not None:
         return req
     try:
-        if policy.over(backend.prompt_tokens(req), limit):
-            if await compact(session, policy, limit):
-                req = replace(req, messages=session.model_messages())
-        req = cut_tool_results(backend, req, lambda total, n: policy.tool_budget(limit))
-        over = backend.prompt_tokens(req) + MIN_REPLY - limit
+        tokens: int | None = backend.prompt_tokens(req)
+        if policy.over(tokens, limit) and await compact(session, policy, limit):
+            req, tokens = replace(req, messages=session.model_messages()), None
+        if any(m.role == "tool" for m in req.messages):
+            req = cut_tool_results(backend, req, lambda total, n: policy.tool_budget(limit))
+            tokens = None
+        # measured again only when the prompt changed (a plain chat's turn: once)
+        over = (tokens or backend.prompt_tokens(req)) + MIN_REPLY - limit
         if over > 0:  # still no room for a reply: the tool results share what is left
             req = cut_tool_results(backend, req, lambda total, n: (total - over) // n)
         return req
