@@ -54,7 +54,9 @@ def check_batched_equals_alone(loaded, jobs, kernels="torch", weights="dtype", *
 def test_greedy_batched_equals_alone_tiny(tiny_models, arch, seed, kernels, kv_dtype):
     loaded = load_model(tiny_models[arch], torch.float32)
     jobs = random_jobs(loaded, 14, seed)
-    check_batched_equals_alone(loaded, jobs, kernels, kv_dtype=kv_dtype, **TIGHT)
+    # Seed 1 paces its prompt chunks from the steps' times: chunks that vary run to run.
+    paced = dict(decode_slowdown=2.0, prefill_chunk_idle=24) if seed else {}
+    check_batched_equals_alone(loaded, jobs, kernels, kv_dtype=kv_dtype, **(TIGHT | paced))
 
 
 @pytest.mark.parametrize("kv_dtype", KV_DTYPES)

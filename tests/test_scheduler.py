@@ -47,13 +47,29 @@ def fake_token(req: Request) -> int:
     return (zlib.crc32(req.request_id.encode()) + req.num_tokens * 7919) % 1000 + 1000
 
 
-def run_step(sched: Scheduler) -> list:
+def run_step(sched: Scheduler, admitted: list[str] | None = None) -> list:
+    """One step, its invariants checked; `admitted` gathers request ids in the order they
+    first held a slot."""
+    last_run = {r.request_id: r.scheduled_step for r in sched.running}
     plan = sched.plan()
+    if admitted is not None:
+        admitted += [r.request_id for r in sched.running if r.request_id not in admitted]
     config = sched.config
     # Budget and chunk limits.
     assert plan.num_tokens <= config.max_num_batched_tokens
-    prefill_tokens = sum(r.num_tokens for r in plan.prefills)
-    cap = config.prefill_chunk_decoding if plan.decodes else config.prefill_chunk_idle
+    # A prompt that waited background_every steps may run a block beyond the chunk.
+    overdue = sum(
+        min(r.num_tokens, config.block_size)
+        for r in plan.prefills
+        if plan.step - last_run.get(r.request.request_id, plan.step) >= config.background_every
+    )
+    prefill_tokens = sum(r.num_tokens for r in plan.prefills) - overdue
+    if not plan.decodes:
+        cap = config.prefill_chunk_idle
+    elif sched.pacer is None:
+        cap = config.prefill_chunk_decoding
+    else:
+        cap = sched.pacer.chunk(plan.num_tokens - sum(r.num_tokens for r in plan.prefills))
     assert prefill_tokens <= cap
     seen = set()
     for row in plan.rows:
@@ -66,7 +82,14 @@ def run_step(sched: Scheduler) -> list:
         assert row.start == req.num_computed_tokens
     for row in plan.decodes:
         assert row.request.phase is Phase.DECODE and row.num_tokens == 1
+    # Nobody starves: a running request has had a row within background_every steps (where
+    # the budget holds a block for every slot).
+    if config.max_num_batched_tokens >= config.max_slots * (config.block_size + 1):
+        for req in sched.running:
+            assert plan.step - req.scheduled_step < config.background_every, req.request_id
     sampled = {r.request.slot: fake_token(r.request) for r in plan.rows if r.sample}
+    # A paced scheduler is told what the step cost: 10 ms, plus 0.5 ms a token.
+    sched.observe(plan, 0.01 + 0.0005 * plan.num_tokens)
     sched.update(plan, sampled)
     sched.check_integrity()
     return plan
@@ -86,6 +109,7 @@ def random_case(seed: int) -> None:
         decode_headroom_tokens=rng.choice([0, 1, 8]),
         prefix_cache=rng.random() < 0.7,
         background_every=rng.choice([1, 2, 6]),
+        decode_slowdown=rng.choice([0, 1.5, 2.0]),
     )
     shared = [rng.randrange(1000) for _ in range(rng.choice([0, 8, 40]))]
     num_blocks = rng.randint(8, 40)
@@ -116,10 +140,7 @@ def random_case(seed: int) -> None:
         for req in all_reqs:
             if not req.finished and rng.random() < 0.01:
                 req.cancel_requested = True
-        plan = run_step(sched)
-        for row in plan.rows:
-            if row.request.request_id not in first_admitted:
-                first_admitted.append(row.request.request_id)
+        run_step(sched, first_admitted)
         step += 1
         assert step < 20_000, "the scheduler stopped making progress"
     # Every request ended, and every block came back.
@@ -130,7 +151,7 @@ def random_case(seed: int) -> None:
         assert r.finish_reason in (FinishReason.STOP, FinishReason.LENGTH, FinishReason.CANCELLED)
         if r.finish_reason is FinishReason.LENGTH:
             assert r.num_output_tokens == r.params.max_tokens
-    # Strict FIFO: requests first ran in arrival order.
+    # Strict FIFO: requests were first admitted in arrival order.
     arrival = [r.request_id for r in all_reqs if r.request_id in first_admitted]
     assert first_admitted == arrival
 

@@ -13,7 +13,7 @@ from lucedesk.tui.engine_host import EngineHost
 from lucedesk.tui.screens.loading import LoadingScreen
 from lucedesk.tui.widgets.chat_input import ChatInput
 from lucedesk.tui.widgets.engine_status import EngineStatus
-from lucedesk.tui.widgets.slot_monitor import SlotMonitor, slot_ranges, slot_rows
+from lucedesk.tui.widgets.slot_monitor import SlotMonitor, slot_ranges, slot_rows, wait_text
 from tests.test_tui import (
     SIZE,
     ask_for_a_long_reply,
@@ -34,6 +34,13 @@ def test_slot_ranges_fold_runs():
     assert slot_ranges([0, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]) == "0, 4-15"
     assert slot_ranges([3]) == "3"
     assert slot_ranges([0, 1, 3, 5, 6]) == "0-1, 3, 5-6"
+
+
+def test_wait_reads_in_seconds_then_minutes():
+    assert wait_text(None) == ""
+    assert wait_text(0.04) == "0.0 s"
+    assert wait_text(3.14) == "3.1 s"
+    assert wait_text(125.0) == "2 m 05 s"
 
 
 def test_sixteen_slots_two_busy_show_three_rows():

@@ -27,6 +27,12 @@ class EngineConfig:
     max_num_batched_tokens: int = 512  # token budget of one step (decode rows + chunks)
     prefill_chunk_idle: int = 512  # prompt tokens per step while nothing decodes
     prefill_chunk_decoding: int = 128  # ...and while some slot decodes (keeps ITL low)
+    # Paced chunks (engine/pacing.py): while something decodes, the prompt chunk is sized
+    # from timed steps so that a step takes at most this many times what its decode rows
+    # take alone, or decode_step_ms where that is more (between one block and
+    # prefill_chunk_idle); 0 = the fixed prefill_chunk_decoding.
+    decode_slowdown: float = 0.0
+    decode_step_ms: int = 0
     decode_headroom_tokens: int = 16  # reserved at admission beyond the prompt
     max_waiting: int = 256  # queued requests before the server answers 503
     dtype: str = "auto"  # auto = bfloat16 where the device computes it fast, else float32
@@ -77,6 +83,7 @@ class EngineConfig:
             "num_threads",
             "decode_headroom_tokens",
             "activation_reserve_mb",
+            "decode_step_ms",
         ):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -85,6 +92,9 @@ class EngineConfig:
             raise fail("block_size", "must be one of 8, 16, 32, 64, 128")
         if self.max_num_batched_tokens < self.max_slots:
             raise fail("max_num_batched_tokens", f"must be at least max_slots ({self.max_slots})")
+        slowdown = self.decode_slowdown
+        if not isinstance(slowdown, int | float) or not (slowdown == 0 or slowdown > 1):
+            raise fail("decode_slowdown", "must be 0 (fixed chunks) or a number above 1")
         if not 0.0 < self.kv_memory_fraction <= 0.95:
             raise fail("kv_memory_fraction", "must be in (0, 0.95]")
         if self.dtype not in DTYPES:

@@ -132,7 +132,12 @@ class EngineLoop:
         if not plan:
             self._publish(0, started)
             return
+        ran = time.monotonic()
         result = self._execute(plan)
+        now = time.monotonic()
+        self.scheduler.observe(plan, now - ran)
+        for row in plan.rows:
+            row.request.progress_time = now
         for slot, message in result.errors.items():
             req = next(r.request for r in plan.rows if r.request.slot == slot)
             self.scheduler.finish(req, FinishReason.ERROR, message)
@@ -142,7 +147,6 @@ class EngineLoop:
             if row.request.slot in result.logprobs
         }
         produced = self.scheduler.update(plan, result.sampled, result.stopped, result.accepted)
-        now = time.monotonic()
         for req in self.outputs.process(produced, logprobs):
             self._collector.on_token(req, now)
         for rid in self.scheduler.recently_finished:

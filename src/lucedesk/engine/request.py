@@ -128,6 +128,8 @@ class Request:
     finish_reason: FinishReason | None = None
     error: str | None = None
     num_preemptions: int = 0
+    scheduled_step: int = 0  # the scheduler step that last ran a row of it (or admitted it)
+    progress_time: float | None = None  # when a step last ran a row of it (monotonic)
     num_cached_tokens: int | None = None  # prompt tokens the prefix cache held at admission
     # Prompt lookup, where on for this request: its index, the next draft's length and what
     # its drafts came to.

@@ -6,11 +6,16 @@ Each step:
      none is free preempts the most recently admitted request (possibly itself); a request
      with prompt lookup on may add a draft of the tokens likely to follow (speculation.py),
      where blocks and budget are free without preempting anyone;
-  3. the rest of the token budget, capped by the prefill chunk (large while nothing decodes,
-     small while something does), goes to prompt chunks, oldest first;
+  3. the rest of the token budget, capped by the prefill chunk (large while nothing decodes;
+     while something does, fixed and small, or paced from timed steps so that the decodes
+     keep their time per token: pacing.py), goes to prompt chunks, oldest first;
   4. the head of the waiting queue is admitted while a slot and the blocks for its tokens
      plus headroom are free, strictly in order: a request that does not fit blocks the ones
-     behind it.
+     behind it; it runs a first chunk where the budget has room left.
+
+No running request goes `background_every` steps without a row: one that has waited that
+long decodes, or runs at least a block of its prompt, whatever the watched stream, the
+budget or the older prompts ask.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import NamedTuple
 
 from lucedesk.config import EngineConfig
 from lucedesk.engine.kv_cache import BlockPool, blocks_for, chain_key
+from lucedesk.engine.pacing import StepPacer
 from lucedesk.engine.request import FinishReason, Phase, Request
 from lucedesk.errors import RequestError
 
@@ -76,6 +82,16 @@ class Scheduler:
         self.num_draft_tokens = 0  # draft tokens run through the model
         self.num_accepted_tokens = 0  # ...of which the model agreed with
         self.recently_finished: list[str] = []  # finished since the last plan
+        self.pacer = (
+            StepPacer(
+                config.decode_slowdown,
+                min(config.block_size, config.prefill_chunk_idle),
+                config.prefill_chunk_idle,
+                config.decode_step_ms / 1000,
+            )
+            if config.decode_slowdown
+            else None
+        )
 
     # -- submission -------------------------------------------------------------------------
 
@@ -120,24 +136,30 @@ class Scheduler:
         for req in list(self.running):
             if req.slot is None or req.phase is not Phase.DECODE:
                 continue  # preempted earlier in this loop, or still prefilling
-            if not (everyone or req.interactive):
+            if not (everyone or req.interactive or self._overdue(req)):
                 continue
             if self._reserve_next_block(req):
                 plan.decodes.append(ScheduledRow(req, req.num_computed_tokens, 1, True))
         self._add_drafts(plan, watched)
 
-        budget = self.config.max_num_batched_tokens - plan.num_tokens
-        chunk = (
-            self.config.prefill_chunk_decoding if plan.decodes else self.config.prefill_chunk_idle
-        )
-        budget = min(budget, chunk)
-        for req in self.running:
+        budget = min(self.config.max_num_batched_tokens - plan.num_tokens, self._chunk(plan))
+        prompts = [r for r in self.running if r.phase is Phase.PREFILL]
+        # A prompt that has waited background_every steps runs a block at least, first (the
+        # step's budget keeps a block for each of the others).
+        overdue = [r for r in prompts if self._overdue(r)]
+        bs = self.config.block_size
+        for i, req in enumerate(overdue):
+            room = self.config.max_num_batched_tokens - plan.num_tokens
+            room -= bs * (len(overdue) - 1 - i)
+            budget -= self._schedule_chunk(plan, req, min(room, max(budget, bs)))
+        for req in prompts:
             if budget <= 0:
                 break
-            if req.phase is Phase.PREFILL and (everyone or req.interactive):
+            if (everyone or req.interactive) and not self._overdue(req):
                 budget -= self._schedule_chunk(plan, req, budget)
 
-        while self.waiting and budget > 0 and self.free_slots:
+        # Admitted even when the budget is spent: a running request has the guarantee above.
+        while self.waiting and self.free_slots:
             req = self.waiting[0]
             if not (everyone or req.interactive):
                 break  # strict FIFO: the head waits for a background step, and so do those behind
@@ -146,8 +168,16 @@ class Scheduler:
             self.waiting.popleft()
             budget -= self._schedule_chunk(plan, req, budget)
 
+        for row in plan.rows:
+            row.request.scheduled_step = self.step
         plan.finished_ids, self.recently_finished = self.recently_finished, []
         return plan
+
+    def observe(self, plan: StepPlan, seconds: float) -> None:
+        """The engine ran `plan` in `seconds`: what paced chunks are sized from."""
+        if self.pacer is not None:
+            prompt = sum(r.num_tokens for r in plan.prefills)
+            self.pacer.observe(plan.num_tokens - prompt, prompt, seconds)
 
     def update(
         self,
@@ -214,6 +244,17 @@ class Scheduler:
 
     # -- helpers ----------------------------------------------------------------------------
 
+    def _chunk(self, plan: StepPlan) -> int:
+        """The most prompt tokens this step runs besides its decode rows."""
+        if not plan.decodes:
+            return self.config.prefill_chunk_idle
+        if self.pacer is None:
+            return self.config.prefill_chunk_decoding
+        return self.pacer.chunk(plan.num_tokens)
+
+    def _overdue(self, req: Request) -> bool:
+        return self.step - req.scheduled_step >= self.config.background_every
+
     def _add_drafts(self, plan: StepPlan, watched: bool) -> None:
         """Lengthen decode rows with prompt-lookup drafts, in order, while the step's token
         budget (less a prompt chunk, when one is waiting) and blank blocks allow: a draft
@@ -265,6 +306,7 @@ class Scheduler:
         if req.num_cached_tokens is None:  # the first admission; not a preempted return
             req.num_cached_tokens = min(len(hits) * bs, req.num_prompt_tokens)
         req.slot = self.free_slots.pop(0)
+        req.scheduled_step = self.step
         self.running.append(req)
         if pool.caching:
             self.num_prefix_query_tokens += req.num_tokens

@@ -63,11 +63,21 @@ class SlotStats:
     draft_tokens: int = 0  # prompt-lookup draft tokens verified for this request
     accepted_tokens: int = 0  # ...and kept
     spans: tuple[Span, ...] = ()  # this request's steps of the last RATE_WINDOW_S
+    # When a step last ran a row of it (a token, or a chunk of its prompt), or when it was
+    # submitted if none has yet (monotonic).
+    progress_time: float | None = None
 
     @property
     def tokens_per_s(self) -> float:
         """Its output rate now: read later than the snapshot was taken, lower."""
         return window_rate(self.spans, time.monotonic())
+
+    @property
+    def wait_s(self) -> float | None:
+        """Seconds since it last advanced, as of now (None for an idle slot)."""
+        if self.progress_time is None:
+            return None
+        return max(0.0, time.monotonic() - self.progress_time)
 
 
 @dataclass(slots=True, frozen=True)
@@ -209,6 +219,7 @@ class StatsCollector:
             draft_tokens=req.num_draft_tokens,
             accepted_tokens=req.num_accepted_tokens,
             spans=tuple(self._request_spans.get(req.request_id, ())),
+            progress_time=req.progress_time or req.arrival_time,
         )
 
     def snapshot(

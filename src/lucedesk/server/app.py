@@ -319,8 +319,10 @@ def create_app(
 
     def slot_json(slot) -> dict:
         fields = asdict(slot)
-        del fields["spans"]  # what the rate is computed from
+        del fields["spans"], fields["progress_time"]  # what the rate and wait come from
         fields["tokens_per_s"] = round(slot.tokens_per_s, 2)
+        wait = slot.wait_s
+        fields["wait_s"] = None if wait is None else round(wait, 2)
         return fields
 
     @app.get("/slots")

@@ -20,7 +20,7 @@ REMOTE_REFRESH_S = 1.0
 LEGEND = (
     "context: the tokens a slot holds (system prompt, tool descriptions, the conversation, "
     "its reply so far) · » watched: decodes every step · blocks: its share of the KV pool · "
-    "tok/s: over the last 2 s"
+    "tok/s: over the last 2 s · wait: since a step last ran it (a token or a prompt chunk)"
 )
 
 
@@ -29,6 +29,15 @@ def phase_text(slot: SlotStats) -> str:
     if slot.phase == "prefill":
         return f"prefill {slot.computed_tokens}/{slot.context_tokens}"
     return slot.phase
+
+
+def wait_text(seconds: float | None) -> str:
+    """How long a slot has waited for a step, to a tenth of a second below a minute."""
+    if seconds is None:
+        return ""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    return f"{seconds // 60:.0f} m {seconds % 60:02.0f} s"
 
 
 def slot_ranges(slots: list[int]) -> str:
@@ -59,11 +68,12 @@ def slot_rows(slots: tuple[SlotStats, ...]) -> list[tuple[str, ...]]:
                 str(slot.context_tokens),
                 str(slot.blocks),
                 f"{slot.tokens_per_s:.1f}",
+                wait_text(slot.wait_s),
                 f"{slot.ttft_s * 1000:.0f} ms" if slot.ttft_s is not None else "",
             )
         )
     if idle:
-        rows.append((slot_ranges(sorted(idle)), "", f"{len(idle)} idle", "", "", "", ""))
+        rows.append((slot_ranges(sorted(idle)), "", f"{len(idle)} idle", "", "", "", "", ""))
     return rows
 
 
@@ -98,7 +108,7 @@ class SlotMonitor(Vertical):
 
     def compose(self) -> ComposeResult:
         table = DataTable(zebra_stripes=True, cursor_type="none")
-        table.add_columns("slot", "owner", "phase", "context", "blocks", "tok/s", "TTFT")
+        table.add_columns("slot", "owner", "phase", "context", "blocks", "tok/s", "wait", "TTFT")
         yield table
         with Horizontal(id="pool"):
             yield Label("KV", id="kv-label")
