@@ -20,9 +20,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import random
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 from lucedesk import profile
 from lucedesk.catalog.resolve import resolve
@@ -185,6 +191,81 @@ def background(engine, config, prompt_tokens: int) -> list[str]:
     ]
 
 
+def child(model: str, sets: list[str], prompt_tokens: int, settle: bool) -> None:
+    """One process: build the engine, time one long prompt's first token, print JSON. With
+    `settle`, the prompt is sent once the engine's start-up work (the grammar library's
+    view of the vocabulary, built on a thread) is done."""
+    _, config, _ = profile.resolve("cpu", sets)
+    started = time.perf_counter()
+    engine = launch_engine(model, config).engine
+    ready = time.perf_counter() - started
+    if settle:
+        engine._warming.join()
+    prompt = long_prompt(engine, prompt_tokens, seed=12345)
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, speculative=False)
+    submitted = time.perf_counter()
+    handle = engine.submit(prompt, params)
+    tokens, first = [], None
+
+    async def drain():
+        nonlocal first
+        async for out in handle:
+            if out.token_ids and first is None:
+                first = time.perf_counter() - submitted
+            tokens.extend(out.token_ids)
+
+    asyncio.run(drain())
+    stats = engine.stats()
+    engine.shutdown()  # the write to disk finishes first
+    print(
+        json.dumps(
+            {
+                "ready_s": ready,
+                "ttft_s": first,
+                "tokens": tokens,
+                "disk_hit_tokens": stats.prefix_disk_hit_tokens,
+            }
+        )
+    )
+
+
+def restart(model: str, sets: list[str], prompt_tokens: int, rounds: int) -> list[str]:
+    """Per round, a new empty cache folder: a cold process, then a second one after it."""
+    cases = {
+        "cold (sent once started)": False,
+        "after a restart, sent once started": False,
+        "after a restart, sent after the start-up work": True,
+    }
+    results: dict[str, list[dict]] = {name: [] for name in cases}
+    for _ in range(rounds):
+        with tempfile.TemporaryDirectory() as folder:
+            env = dict(os.environ, LUCEDESK_KV_CACHE=folder)
+            for name, settle in cases.items():
+                command = [sys.executable, __file__, "--child", "--model", model]
+                command += ["--prompt", str(prompt_tokens)] + [f"--set={s}" for s in sets]
+                command += ["--settle"] if settle else []
+                out = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+                results[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    cold = next(iter(results.values()))
+    same = all(a["tokens"] == b["tokens"] for runs in results.values() for a, b in zip(cold, runs))
+    cold_ttft = statistics.median(r["ttft_s"] for r in cold)
+    lines = [
+        f"\n3. A {prompt_tokens}-token prompt's first token in a new process, with the prefix "
+        f"cache on disk empty and after a process that computed it (medians of {rounds}; "
+        f"{Path(model).name}; same 16 greedy tokens: {same}):\n",
+        "| | TTFT (s) | vs cold | tokens read from disk | ready (s) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, runs in results.items():
+        ttft = statistics.median(r["ttft_s"] for r in runs)
+        ready = statistics.median(r["ready_s"] for r in runs)
+        hits = statistics.median(r["disk_hit_tokens"] for r in runs)
+        lines.append(
+            f"| {name} | {ttft:.2f} | {ttft / cold_ttft:.2f}x | {hits:.0f} | {ready:.1f} |"
+        )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None)
@@ -195,9 +276,15 @@ def main() -> None:
     )
     parser.add_argument("--restart", action="store_true", help="only 3: the disk cache")
     parser.add_argument("--set", action="append", default=[], help="engine key=value")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--settle", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    model = resolve(args.model, print).path
+    model = str(resolve(args.model, print).path)
     sets = [f"max_model_len={max(8192, args.prompt + 4096)}", *args.set]
+    if args.child:
+        return child(model, sets, args.prompt, args.settle)
+    if args.restart:
+        return print("\n".join(restart(model, sets, args.prompt, args.rounds)))
     _, config, why = profile.resolve("cpu", sets)
     print(why)
     built = launch_engine(model, config)

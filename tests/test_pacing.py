@@ -9,8 +9,9 @@ import pytest
 
 from lucedesk.config import EngineConfig
 from lucedesk.engine.pacing import StepPacer
+from lucedesk.engine.plan import StepPlan
 from lucedesk.engine.request import Phase, Request, SamplingParams
-from lucedesk.engine.scheduler import Scheduler, StepPlan
+from lucedesk.engine.scheduler import Scheduler
 
 ALONE = 0.011  # a decode-only step of one stream (the default model on this machine)
 

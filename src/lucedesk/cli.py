@@ -41,6 +41,11 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     )
     _profile_args(g)
     g.add_argument("--no-prefix-cache", action="store_true", help="turn prefix caching off")
+    g.add_argument(
+        "--no-disk-cache",
+        action="store_true",
+        help="keep no prompt's KV on disk across restarts (the profile's disk_cache_gb)",
+    )
 
 
 def _access_args(p: argparse.ArgumentParser) -> None:

@@ -48,6 +48,11 @@ class EngineConfig:
     device: str = "auto"  # auto = cuda when available (ROCm too), else cpu
     num_threads: int = 0  # CPU threads for torch; 0 = torch's default
     prefix_cache: bool = True
+    # The prefix cache on disk (engine/disk_cache.py): the K/V of prompts of at least
+    # disk_cache_min_tokens, kept across restarts in lucedesk's cache folder, all models'
+    # together at most disk_cache_gb (the least recently used go first); 0 = none.
+    disk_cache_gb: float = 0.0
+    disk_cache_min_tokens: int = 1024
     # Prompt-lookup speculation (engine/speculation.py): the default for requests that do
     # not say, and the longest draft a step verifies for one request.
     prompt_lookup: bool = False
@@ -84,6 +89,7 @@ class EngineConfig:
             "decode_headroom_tokens",
             "activation_reserve_mb",
             "decode_step_ms",
+            "disk_cache_min_tokens",
         ):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -95,6 +101,9 @@ class EngineConfig:
         slowdown = self.decode_slowdown
         if not isinstance(slowdown, int | float) or not (slowdown == 0 or slowdown > 1):
             raise fail("decode_slowdown", "must be 0 (fixed chunks) or a number above 1")
+        disk = self.disk_cache_gb
+        if not isinstance(disk, int | float) or isinstance(disk, bool) or disk < 0:
+            raise fail("disk_cache_gb", "must be a number of GB >= 0 (0: no cache on disk)")
         if not 0.0 < self.kv_memory_fraction <= 0.95:
             raise fail("kv_memory_fraction", "must be in (0, 0.95]")
         if self.dtype not in DTYPES:

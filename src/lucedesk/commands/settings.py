@@ -7,10 +7,13 @@ import argparse
 
 
 def engine_overrides(args: argparse.Namespace) -> list[str]:
-    """The command line's `--set` overrides, `--no-prefix-cache` included."""
+    """The command line's `--set` overrides, `--no-prefix-cache` and `--no-disk-cache`
+    included."""
     overrides = list(getattr(args, "set", []) or [])
     if getattr(args, "no_prefix_cache", False):
         overrides.append("prefix_cache=false")
+    if getattr(args, "no_disk_cache", False):
+        overrides.append("disk_cache_gb=0")
     return overrides
 
 

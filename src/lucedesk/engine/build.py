@@ -12,9 +12,11 @@ from pathlib import Path
 
 import torch
 
+from lucedesk.catalog.fingerprint import model_fingerprint
 from lucedesk.catalog.fit import check_fits, derive_pool_tokens, kv_bytes_per_token
 from lucedesk.config import EngineConfig
 from lucedesk.engine.device import resolve_device, resolve_dtype
+from lucedesk.engine.disk_cache import DiskPrefixCache, default_root, model_key
 from lucedesk.engine.engine import Engine, ModelInfo
 from lucedesk.engine.memory import available_memory, dtype_name, return_free_memory
 from lucedesk.engine.models.decoder import DecoderModel, Projection
@@ -170,6 +172,8 @@ def assemble(loaded: LoadedModel, config: EngineConfig, device: torch.device) ->
         loaded.name, str(loaded.path), loaded.config.architecture, loaded.quantization, max_len
     )
     engine = Engine(runner, scheduler, loaded.tokenizer, info, config.max_waiting)
+    if config.disk_cache_gb > 0 and config.prefix_cache:
+        engine.disk = open_disk_cache(loaded, config, runner, weights, kernels)
     log.info(
         "engine: %s on %s (%s, %s weights), %d slots, KV pool %d tokens (%d MiB, %s), %s kernels",
         loaded.name,
@@ -185,6 +189,32 @@ def assemble(loaded: LoadedModel, config: EngineConfig, device: torch.device) ->
     return BuiltEngine(
         engine, loaded, device, model.dtype, pool_tokens, kernels, weights, pool_bytes
     )
+
+
+def open_disk_cache(
+    loaded: LoadedModel, config: EngineConfig, runner: TorchSeqEngine, weights: str, kernels: str
+) -> DiskPrefixCache:
+    """The prefix cache on disk for this model as the engine computes it: its files, dtype,
+    KV dtype, weight format, kernels and block size name its folder."""
+    started = time.perf_counter()
+    key = model_key(
+        model_fingerprint(loaded.path),
+        dtype_name(loaded.model.dtype),
+        config.kv_dtype,
+        weights,
+        kernels,
+        config.block_size,
+    )
+    disk = DiskPrefixCache(
+        default_root(),
+        key,
+        runner.kv_layout(),
+        config.block_size,
+        int(config.disk_cache_gb * 1e9),
+        config.disk_cache_min_tokens,
+    )
+    log.info("prefix cache on disk: %s (%.2f s)", disk.folder, time.perf_counter() - started)
+    return disk
 
 
 def apply_weight_format(model: DecoderModel, wanted: str, kernels: str) -> str:

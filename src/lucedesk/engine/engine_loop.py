@@ -11,15 +11,19 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 from lucedesk.engine.handle import RequestHandle, TokenLogprob
 from lucedesk.engine.models.tokenizer import Tokenizer
 from lucedesk.engine.output import OutputProcessor
+from lucedesk.engine.plan import StepPlan
 from lucedesk.engine.request import FinishReason, Request
-from lucedesk.engine.scheduler import Scheduler, StepPlan
+from lucedesk.engine.scheduler import Scheduler
 from lucedesk.engine.seq_engine import SeqEngine, StepResult
 from lucedesk.engine.stats import EngineStats, StatsCollector
+
+if TYPE_CHECKING:
+    from lucedesk.engine.disk_cache import DiskPrefixCache, LoadedPrefix
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +48,10 @@ class EngineLoop:
         self._drain = False
         self._drain_timeout = 30.0
         self._closing: dict[str, None] = {}  # finished requests whose last delta waits
+        # The prefix cache on disk (disk_cache.py), where one is kept: requests whose prompt
+        # it holds more of than the pool wait for the read before they queue ("loaded").
+        self.disk: DiskPrefixCache | None = None
+        self._reading: dict[str, Request] = {}  # waiting for the disk, by id
         self._publish()  # monitors see the idle slots and the pool before any request
 
     # -- any thread -------------------------------------------------------------------------
@@ -93,6 +101,8 @@ class EngineLoop:
         if self._thread is not None:
             self._thread.join(timeout + 5.0)
             self._thread = None
+        if self.disk is not None:
+            self.disk.close()  # the writes queued are finished first
 
     # -- engine thread ----------------------------------------------------------------------
 
@@ -125,6 +135,10 @@ class EngineLoop:
         started = time.monotonic()
         self._take_inbox()
         plan = self.scheduler.plan()
+        for load in plan.loads:  # blocks read from disk, into the pool before they are read
+            for at, tensors in load.prefix.pieces(load.start, len(load.block_ids)):
+                ids = load.block_ids[at : at + tensors[0].shape[1]]
+                self.seq_engine.write_blocks(ids, tensors)
         if plan.finished_ids:  # even when nothing runs next: no state outlives its request
             self.seq_engine.forget(plan.finished_ids)
         for rid in plan.finished_ids:
@@ -138,6 +152,8 @@ class EngineLoop:
         self.scheduler.observe(plan, now - ran)
         for row in plan.rows:
             row.request.progress_time = now
+        if self.disk is not None:
+            self._save_prompts(plan, result.errors)
         for slot, message in result.errors.items():
             req = next(r.request for r in plan.rows if r.request.slot == slot)
             self.scheduler.finish(req, FinishReason.ERROR, message)
@@ -154,20 +170,73 @@ class EngineLoop:
         self._publish(len(produced), started)
 
     def _has_work(self) -> bool:
-        return bool(self.scheduler.running or self.scheduler.waiting)
+        return bool(self.scheduler.running or self.scheduler.waiting or self._reading)
 
     def _take_inbox(self) -> None:
         while self._inbox:
             kind, payload = self._inbox.popleft()
             if kind == "add":
                 req, handle = payload
-                self._num_pending -= 1
                 self.outputs.add(req, handle)
-                self.scheduler.add(req)
+                if not self._read_from_disk(req):
+                    self._num_pending -= 1
+                    self.scheduler.add(req)
+            elif kind == "loaded":
+                self._num_pending -= 1
+                if self._reading.pop(payload.request_id, None) is not None:
+                    self.scheduler.add(payload)
             else:
                 req = self.outputs.get(payload)
                 if req is not None and not req.finished:
                     req.cancel_requested = True
+
+    def _read_from_disk(self, req: Request) -> bool:
+        """Whether the disk holds enough more of the request's prompt than the pool that
+        it waits for the read (it comes back through the inbox as "loaded")."""
+        from lucedesk.engine.disk_cache import MIN_BLOCKS
+
+        disk = self.disk
+        if disk is None or req.disk_checked or req.num_prompt_tokens < disk.min_tokens:
+            return False
+        req.disk_checked = True
+        digests = disk.digests(req.prompt_ids)
+        in_pool = len(self.scheduler.pool.lookup(req.prompt_ids)[0])
+        # Until the folder has been read, the reading thread answers once it has.
+        if disk.ready and disk.known(digests) - in_pool < MIN_BLOCKS:
+            return False
+
+        def loaded(prefix: LoadedPrefix | None) -> None:  # on the reading thread
+            req.disk_prefix = prefix
+            self._inbox.append(("loaded", req))
+            self._wake.set()
+
+        self._reading[req.request_id] = req
+        disk.load(digests, in_pool, loaded)
+        return True
+
+    def _save_prompts(self, plan: StepPlan, errors: dict[int, str]) -> None:
+        """Copy to disk the blocks of each prompt computed in this step whose prompt is
+        long enough and whose blocks the disk does not hold yet (before update() may end
+        the request and give its blocks back)."""
+        from lucedesk.engine.disk_cache import MIN_BLOCKS
+
+        disk = self.disk
+        bs = disk.block_size
+        if not disk.ready:
+            return  # what the folder holds is not known yet
+        for row in plan.prefills:
+            req = row.request
+            if not row.sample or req.slot in errors or req.num_prompt_tokens < disk.min_tokens:
+                continue
+            if row.start + row.num_tokens != req.num_prompt_tokens:
+                continue  # a preempted request computing its output again
+            digests = disk.digests(req.prompt_ids)
+            first = disk.known(digests, pending=True)
+            if len(digests) - first < MIN_BLOCKS:
+                continue
+            tensors = self.seq_engine.read_blocks(req.block_ids[first : len(digests)])
+            tokens = req.prompt_ids[first * bs : len(digests) * bs]
+            disk.save(digests, first, tokens, tensors)
 
     def _execute(self, plan: StepPlan) -> StepResult:
         try:
@@ -213,7 +282,8 @@ class EngineLoop:
 
     def _cancel_all(self) -> None:
         self._take_inbox()
-        for req in list(self.scheduler.running) + list(self.scheduler.waiting):
+        reading, self._reading = list(self._reading.values()), {}
+        for req in list(self.scheduler.running) + list(self.scheduler.waiting) + reading:
             self._finish(req, FinishReason.CANCELLED)
         self.scheduler.recently_finished.clear()
 

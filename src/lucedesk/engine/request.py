@@ -6,10 +6,14 @@ import enum
 import math
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from lucedesk.engine.grammar import Grammar
 from lucedesk.engine.speculation import PromptLookup
 from lucedesk.errors import RequestError
+
+if TYPE_CHECKING:
+    from lucedesk.engine.disk_cache import LoadedPrefix
 
 MAX_TOP_LOGPROBS = 20
 
@@ -131,6 +135,10 @@ class Request:
     scheduled_step: int = 0  # the scheduler step that last ran a row of it (or admitted it)
     progress_time: float | None = None  # when a step last ran a row of it (monotonic)
     num_cached_tokens: int | None = None  # prompt tokens the prefix cache held at admission
+    # Blocks of its prompt read from the prefix cache on disk (disk_cache.LoadedPrefix),
+    # until admission takes them; and whether the disk was asked.
+    disk_prefix: LoadedPrefix | None = None
+    disk_checked: bool = False
     # Prompt lookup, where on for this request: its index, the next draft's length and what
     # its drafts came to.
     lookup: PromptLookup | None = None

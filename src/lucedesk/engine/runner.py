@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from lucedesk.engine.models.decoder import DecoderModel
+from lucedesk.engine.plan import StepPlan
 from lucedesk.engine.sampler import Sampler
-from lucedesk.engine.scheduler import StepPlan
 from lucedesk.engine.seq_engine import StepResult
 from lucedesk.kernels import Kernels, get_kernels
 from lucedesk.kernels.kv_storage import LayerKV
@@ -91,6 +91,24 @@ class TorchSeqEngine:
 
     def forget(self, request_ids: list[str]) -> None:
         self.sampler.forget(request_ids)
+
+    def kv_layout(self) -> list[tuple[torch.dtype, tuple[int, ...]]]:
+        """Each cache tensor's dtype and its shape for one block (the block axis, the
+        second, left out), layer by layer: what a copy of blocks holds."""
+        return [(t.dtype, (t.shape[0], *t.shape[2:])) for kv in self.caches for t in kv.tensors()]
+
+    def read_blocks(self, block_ids: list[int]) -> list[torch.Tensor]:
+        """A copy of these blocks' K/V in host memory: one tensor per cache tensor (see
+        kv_layout), the blocks along the second axis in the order given."""
+        index = torch.tensor(block_ids, device=self.device)
+        return [t.index_select(1, index).cpu() for kv in self.caches for t in kv.tensors()]
+
+    def write_blocks(self, block_ids: list[int], tensors: list[torch.Tensor]) -> None:
+        """Put a copy taken by read_blocks (of a model with this kv_layout) into blocks."""
+        index = torch.tensor(block_ids, device=self.device)
+        targets = [t for kv in self.caches for t in kv.tensors()]
+        for target, source in zip(targets, tensors, strict=True):
+            target.index_copy_(1, index, source.to(target.device))
 
     def execute(self, plan: StepPlan) -> StepResult:
         input_ids: list[int] = []

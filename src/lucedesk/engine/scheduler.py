@@ -21,48 +21,13 @@ budget or the older prompts ask.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from lucedesk.config import EngineConfig
 from lucedesk.engine.kv_cache import BlockPool, blocks_for, chain_key
 from lucedesk.engine.pacing import StepPacer
+from lucedesk.engine.plan import BlockLoad, ScheduledRow, StepPlan
 from lucedesk.engine.request import FinishReason, Phase, Request
 from lucedesk.errors import RequestError
-
-
-class ScheduledRow(NamedTuple):
-    """`num_tokens` tokens of `request` starting at position `start`; `sample` when this
-    chunk reaches the request's last token, so a new token is sampled from its last row.
-    A decode row with a `draft` runs its next input and then the draft's tokens, each
-    position as a decode of its own: logits on every one, the longest agreeing prefix
-    kept."""
-
-    request: Request
-    start: int
-    num_tokens: int
-    sample: bool
-    draft: tuple[int, ...] = ()
-
-
-@dataclass(slots=True)
-class StepPlan:
-    step: int
-    decodes: list[ScheduledRow] = field(default_factory=list)
-    prefills: list[ScheduledRow] = field(default_factory=list)
-    # Requests that left the engine since the last plan (their per-request state is dropped).
-    finished_ids: list[str] = field(default_factory=list)
-
-    @property
-    def rows(self) -> list[ScheduledRow]:
-        return self.decodes + self.prefills
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(r.num_tokens for r in self.rows)
-
-    def __bool__(self) -> bool:
-        return bool(self.decodes or self.prefills)
 
 
 class Scheduler:
@@ -77,6 +42,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_prefix_query_tokens = 0  # tokens looked up in the prefix cache at admission
         self.num_prefix_hit_tokens = 0  # ...of which the cache already held the KV
+        self.num_disk_hit_tokens = 0  # ...of which was read from disk (disk_cache.py)
         self.num_computed_prompt_tokens = 0  # tokens run through prefill chunks
         self.num_draft_rows = 0  # decode rows that carried a draft
         self.num_draft_tokens = 0  # draft tokens run through the model
@@ -163,7 +129,7 @@ class Scheduler:
             req = self.waiting[0]
             if not (everyone or req.interactive):
                 break  # strict FIFO: the head waits for a background step, and so do those behind
-            if not self._admit(req):
+            if not self._admit(req, plan):
                 break  # strict FIFO: nothing overtakes the head
             self.waiting.popleft()
             budget -= self._schedule_chunk(plan, req, budget)
@@ -286,10 +252,11 @@ class Scheduler:
                 plan.decodes[i] = row._replace(num_tokens=1 + len(draft), draft=tuple(draft))
                 spare -= len(draft)
 
-    def _admit(self, req: Request) -> bool:
+    def _admit(self, req: Request, plan: StepPlan) -> bool:
         """Give the head a slot and the blocks for its tokens plus headroom, all at once.
         Cached blocks holding its prefix are adopted (shared) instead of computed again, and
-        are not charged as new blocks."""
+        are not charged as new blocks; blocks read from disk beyond them (req.disk_prefix)
+        are loaded into its new blocks before the step runs."""
         pool, bs = self.pool, self.config.block_size
         tokens = req.token_ids(0, req.num_tokens)
         hits, in_flight = pool.lookup(tokens)
@@ -302,15 +269,23 @@ class Scheduler:
         pool.adopt(hits)
         req.block_ids = hits + pool.allocate(new)
         req.block_keys = [pool.key_of(b) for b in hits]
-        req.num_computed_tokens = len(hits) * bs
+        loaded = 0
+        prefix, req.disk_prefix = req.disk_prefix, None
+        if prefix is not None and prefix.first <= len(hits) < prefix.end:
+            loaded = prefix.end - len(hits)
+            ids = req.block_ids[len(hits) : len(hits) + loaded]
+            plan.loads.append(BlockLoad(ids, prefix, len(hits) - prefix.first))
+            self.num_disk_hit_tokens += loaded * bs
+        req.num_computed_tokens = (len(hits) + loaded) * bs
         if req.num_cached_tokens is None:  # the first admission; not a preempted return
-            req.num_cached_tokens = min(len(hits) * bs, req.num_prompt_tokens)
+            req.num_cached_tokens = min(req.num_computed_tokens, req.num_prompt_tokens)
         req.slot = self.free_slots.pop(0)
         req.scheduled_step = self.step
         self.running.append(req)
         if pool.caching:
             self.num_prefix_query_tokens += req.num_tokens
-            self.num_prefix_hit_tokens += len(hits) * bs
+            self.num_prefix_hit_tokens += (len(hits) + loaded) * bs
+            self._register_full_blocks(req)  # the loaded blocks, for later requests
             self._expect_blocks(req, tokens)
         return True
 

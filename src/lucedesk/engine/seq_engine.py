@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import NamedTuple, Protocol
 
 from lucedesk.engine.handle import TokenLogprob
-from lucedesk.engine.scheduler import StepPlan
+from lucedesk.engine.plan import StepPlan
 
 
 class StepResult(NamedTuple):

@@ -107,6 +107,7 @@ class EngineStats:
     ttft: HistogramSnapshot | None = None
     itl: HistogramSnapshot | None = None
     prefix_cache_hit_tokens: int = 0
+    prefix_disk_hit_tokens: int = 0  # ...of which were read from the cache on disk
     prefix_cache_queries: int = 0
     prefix_cached_blocks: int = 0
     # Prompt-lookup speculation: decode rows that carried a draft, their draft tokens, and
@@ -249,6 +250,7 @@ class StatsCollector:
             ttft=self.ttft.snapshot(),
             itl=self.itl.snapshot(),
             prefix_cache_hit_tokens=sched.num_prefix_hit_tokens,
+            prefix_disk_hit_tokens=sched.num_disk_hit_tokens,
             prefix_cache_queries=sched.num_prefix_query_tokens,
             prefix_cached_blocks=pool.num_cached_blocks,
             draft_rows=sched.num_draft_rows,

@@ -78,6 +78,11 @@ class LayerKV:
     def quantized(self) -> bool:
         return self.k_scale is not None
 
+    def tensors(self) -> list[torch.Tensor]:
+        """K, V (and their scales, 8-bit only): each with the block axis second."""
+        scales = [self.k_scale, self.v_scale] if self.k_scale is not None else []
+        return [self.k, self.v, *scales]
+
 
 def check_scales(
     k_cache: torch.Tensor,

@@ -338,6 +338,7 @@ def create_app(
             "tokens_per_s": round(s.tokens_per_s, 2),
             "preemptions": s.num_preemptions,
             "prefix_cache_hit_tokens": s.prefix_cache_hit_tokens,
+            "prefix_disk_hit_tokens": s.prefix_disk_hit_tokens,
             "draft_tokens": s.draft_tokens,
             "accepted_draft_tokens": s.accepted_tokens,
             "slots": [slot_json(slot) for slot in s.slots],

@@ -54,6 +54,13 @@ def render(stats: EngineStats) -> str:
     lines.append(f"lucedesk_prefix_cache_hit_tokens_total {stats.prefix_cache_hit_tokens}")
     _metric(
         lines,
+        "lucedesk_prefix_disk_hit_tokens_total",
+        "counter",
+        "Prompt tokens of those read back from the prefix cache on disk.",
+    )
+    lines.append(f"lucedesk_prefix_disk_hit_tokens_total {stats.prefix_disk_hit_tokens}")
+    _metric(
+        lines,
         "lucedesk_prefix_cache_query_tokens_total",
         "counter",
         "Prompt tokens looked up in the prefix cache.",

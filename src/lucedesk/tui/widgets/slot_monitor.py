@@ -164,8 +164,10 @@ class SlotMonitor(Vertical):
         self._rates.append(stats.tokens_per_s)
         if any(self._rates) or self.query_one(Sparkline).data != list(self._rates):
             self.query_one(Sparkline).data = list(self._rates)
+        disk = stats.prefix_disk_hit_tokens
         hits = (
             f" · prefix-cache hits {stats.prefix_cache_hit_tokens} tok"
+            + (f" ({disk} from disk)" if disk else "")
             if stats.prefix_cache_queries
             else ""
         )

@@ -1,0 +1,268 @@
+"""The prefix cache on disk: segment files written and read back, what a broken or foreign
+file gets, the size bound, and an engine restarted in a new process that reads a long
+prompt's blocks back (proved by the blocks it counts and computes) with the same output."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from lucedesk.engine.disk_cache import (
+    MIN_BLOCKS,
+    DiskPrefixCache,
+    LoadedPrefix,
+    block_digests,
+    default_root,
+)
+from lucedesk.engine.models.loader import load_model
+from lucedesk.engine.request import SamplingParams
+from tests.engine_harness import make_engine
+
+BS = 4
+LAYOUT = [(torch.float32, (2, BS, 8)), (torch.float32, (2, BS, 8))]  # K and V of one layer
+
+
+def open_cache(root: Path, key: str = "model-a", limit: int = 1 << 30) -> DiskPrefixCache:
+    cache = DiskPrefixCache(root, key, LAYOUT, BS, limit, min_tokens=0)
+    assert cache.flush(5)
+    return cache
+
+
+def blocks(n: int, seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(2, n, BS, 8, generator=g) for _ in LAYOUT]
+
+
+def read(cache: DiskPrefixCache, digests, first: int = 0) -> LoadedPrefix | None:
+    got = []
+    cache.load(digests, first, got.append)
+    deadline = time.monotonic() + 10
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return got[0]
+
+
+def test_block_digests_chain_and_leave_the_last_token_out():
+    tokens = list(range(100, 117))  # 17 tokens: four full blocks, the 4th not holding the last
+    digests = block_digests(tokens, BS)
+    assert len(digests) == 4
+    assert block_digests(tokens[:13], BS) == digests[:3]  # a prefix's digests are a prefix
+    other = block_digests([99, *tokens[1:]], BS)
+    assert all(a != b for a, b in zip(digests, other))  # one token changes every later one
+    # The same in another process (the pool's keys are Python hashes, which are not).
+    code = (
+        "from lucedesk.engine.disk_cache import block_digests; "
+        f"print(block_digests({tokens}, {BS})[-1].hex())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == digests[-1].hex()
+
+
+def test_segments_are_written_and_read_back_across_a_restart(tmp_path):
+    tokens = list(range(1, 42))  # 10 full blocks before the last token
+    digests = block_digests(tokens, BS)
+    first = blocks(6, 0)
+    cache = open_cache(tmp_path)
+    cache.save(digests[:6], 0, tokens[: 6 * BS], first)
+    assert cache.flush(10)
+    assert cache.known(digests) == 6
+    # The session grows: only its new blocks are written, as a segment after the first.
+    second = blocks(4, 1)
+    cache.save(digests, 6, tokens[6 * BS : 10 * BS], second)
+    assert cache.flush(10)
+    cache.close()
+    assert len(list(cache.folder.glob("*.kv"))) == 2
+
+    again = open_cache(tmp_path)  # a new process reads the folder
+    assert again.known(digests) == 10
+    prefix = read(again, digests, first=2)
+    assert prefix.first == 2 and prefix.end == 10
+    whole = [torch.cat([a, b], dim=1)[:, 2:] for a, b in zip(first, second)]
+    pieces = prefix.pieces(0, 8)
+    assert [at for at, _ in pieces] == [0, 4]  # blocks 2-5 from one segment, 6-9 the other
+    for k, want in enumerate(whole):
+        assert torch.equal(torch.cat([t[k] for _, t in pieces], dim=1), want)
+    (a, five), (b, six) = prefix.pieces(3, 2)  # blocks 5 and 6: one from each segment
+    assert (a, b) == (0, 1)
+    assert torch.equal(torch.cat([five[0], six[0]], dim=1), whole[0][:, 3:5])
+    assert read(again, digests[:5], first=3) is None  # fewer than MIN_BLOCKS: not worth it
+    assert MIN_BLOCKS == 4
+    again.close()
+
+
+def test_a_broken_or_foreign_file_is_ignored_with_a_log_line(tmp_path, caplog):
+    tokens = list(range(1, 42))
+    digests = block_digests(tokens, BS)
+    cache = open_cache(tmp_path)
+    cache.save(digests, 0, tokens[: 10 * BS], blocks(10, 0))
+    assert cache.flush(10)
+    cache.close()
+    (path,) = cache.folder.glob("*.kv")
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0xFF  # one flipped byte in the blocks
+    path.write_bytes(bytes(data))
+    caplog.set_level(logging.WARNING, "lucedesk.engine.disk_cache")
+    again = open_cache(tmp_path)
+    assert again.known(digests) == 10  # the header is fine...
+    assert read(again, digests) is None  # ...the checksum is not: nothing is loaded
+    assert "do not match their checksum" in caplog.text
+    assert not path.exists() and again.known(digests) == 0
+    again.close()
+
+    # Cut short (a full disk) and written for another model or layout: ignored at start.
+    cache = open_cache(tmp_path)
+    cache.save(digests, 0, tokens[: 10 * BS], blocks(10, 0))
+    assert cache.flush(10)
+    cache.close()
+    (path,) = cache.folder.glob("*.kv")
+    path.write_bytes(path.read_bytes()[:-100])
+    foreign = cache.folder / "other.kv"
+    foreign.write_bytes(b"not a cache file at all")
+    caplog.clear()
+    again = open_cache(tmp_path)
+    assert again.known(digests) == 0
+    assert "not what its header says" in caplog.text and "not a lucedesk KV file" in caplog.text
+    again.close()
+    other_layout = DiskPrefixCache(tmp_path, "model-a", LAYOUT[:1], BS, 1 << 30, 0)
+    assert other_layout.flush(5) and other_layout.known(digests) == 0
+    other_layout.close()
+
+
+def test_the_least_recently_used_segments_go_first(tmp_path):
+    each = 10 * BS * 4 + 2 * (2 * 10 * BS * 8 * 4)  # tokens + K + V of ten blocks
+    cache = open_cache(tmp_path, limit=int(each * 2.5))
+    prompts = [[s * 1000 + i for i in range(41)] for s in (1, 2, 3)]
+    digests = [block_digests(p, BS) for p in prompts]
+    for p, d in zip(prompts[:2], digests):
+        cache.save(d, 0, p[: 10 * BS], blocks(10, 0))
+        assert cache.flush(10)
+        time.sleep(0.02)
+    assert read(cache, digests[0]) is not None  # the first is used again: the second is older
+    time.sleep(0.02)
+    cache.save(digests[2], 0, prompts[2][: 10 * BS], blocks(10, 2))
+    assert cache.flush(10)
+    assert [cache.known(d) for d in digests] == [10, 0, 10]
+    assert len(list(tmp_path.glob("*/*.kv"))) == 2
+    cache.close()
+
+
+RESTART = textwrap.dedent(
+    """
+    import json, sys, torch
+    from lucedesk.engine.models.loader import load_model
+    from lucedesk.engine.request import SamplingParams
+    from tests.engine_harness import make_engine
+
+    config = json.loads(sys.argv[2])
+    engine = make_engine(load_model(sys.argv[1], torch.float32), **config)
+    prompt = json.loads(sys.argv[3])
+    handle = engine.submit(prompt, SamplingParams(max_tokens=12, temperature=0.0))
+    while not handle.finished:
+        engine.step()
+    s = engine.scheduler
+    print(json.dumps({
+        "tokens": handle.result(timeout=0).token_ids,
+        "disk_hit_tokens": s.num_disk_hit_tokens,
+        "computed_prompt_tokens": s.num_computed_prompt_tokens,
+    }))
+    engine.shutdown()
+    """
+)
+
+
+@pytest.mark.parametrize("kv_dtype", ["dtype", "int8"])
+def test_an_engine_restarted_reads_a_long_prompt_back_from_disk(tiny_models, kv_dtype):
+    """A 600-token prompt computed, the engine shut down; a new process with the same model
+    reads its 37 full blocks (592 tokens) back from disk, computes only the last 8 tokens,
+    and answers the same tokens (fp32, greedy)."""
+    config = dict(
+        max_slots=2,
+        kv_pool_tokens=2048,
+        disk_cache_gb=1,
+        disk_cache_min_tokens=256,
+        kv_dtype=kv_dtype,
+    )
+    loaded = load_model(tiny_models["llama"], torch.float32)
+    prompt = [10 + (i * 7) % 300 for i in range(600)]
+    engine = make_engine(loaded, **config)
+    handle = engine.submit(prompt, SamplingParams(max_tokens=12, temperature=0.0))
+    while not handle.finished:
+        engine.step()
+    cold = handle.result(timeout=0).token_ids
+    assert engine.scheduler.num_disk_hit_tokens == 0
+    engine.shutdown()  # the write finishes first
+    assert len(list(default_root().glob(f"{engine.disk.key}/*.kv"))) == 1
+
+    repo = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(repo))
+    args = [str(tiny_models["llama"]), json.dumps(config), json.dumps(prompt)]
+    out = subprocess.run(
+        [sys.executable, "-c", RESTART, *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+        cwd=repo,
+    )
+    warm = json.loads(out.stdout.strip().splitlines()[-1])
+    assert warm["disk_hit_tokens"] == 592  # 37 blocks of 16, all but the last token's block
+    assert warm["computed_prompt_tokens"] == 600 - 592
+    assert warm["tokens"] == cold
+
+
+def test_no_disk_cache_and_short_prompts_write_nothing(tiny_models):
+    loaded = load_model(tiny_models["llama"], torch.float32)
+    prompt = [10 + (i * 11) % 300 for i in range(300)]
+    engine = make_engine(loaded, max_slots=2, kv_pool_tokens=2048, disk_cache_gb=0)
+    assert engine.disk is None
+    engine.shutdown()
+    before = set(default_root().glob("*/*.kv"))
+    engine = make_engine(
+        loaded, max_slots=2, kv_pool_tokens=2048, disk_cache_gb=1, disk_cache_min_tokens=1024
+    )
+    handle = engine.submit(prompt, SamplingParams(max_tokens=2, temperature=0.0))
+    while not handle.finished:
+        engine.step()
+    engine.shutdown()
+    assert set(default_root().glob("*/*.kv")) == before
+
+
+def test_a_request_waiting_for_the_disk_can_be_cancelled_and_shut_down(tiny_models, monkeypatch):
+    """While its blocks are read (made slow here), a request can be cancelled, and an
+    engine shutting down ends it: no handle is left open and no slot is held."""
+    loaded = load_model(tiny_models["llama"], torch.float32)
+    config = dict(max_slots=2, kv_pool_tokens=2048, disk_cache_gb=1, disk_cache_min_tokens=256)
+    prompt = [20 + (i * 13) % 300 for i in range(400)]
+    engine = make_engine(loaded, **config)
+    first = engine.submit(prompt, SamplingParams(max_tokens=2, temperature=0.0))
+    while not first.finished:
+        engine.step()
+    engine.shutdown()
+
+    real_read = DiskPrefixCache._read
+
+    def slow_read(self, digests, start):
+        time.sleep(0.5)
+        return real_read(self, digests, start)
+
+    monkeypatch.setattr(DiskPrefixCache, "_read", slow_read)
+    engine = make_engine(loaded, **config).start()
+    cancelled = engine.submit(prompt, SamplingParams(max_tokens=2, temperature=0.0))
+    time.sleep(0.1)
+    assert engine.stats().num_waiting == 1  # it waits for the disk, counted as queued
+    cancelled.cancel()
+    assert cancelled.result(timeout=10).finish_reason == "cancelled"
+    left = engine.submit(prompt, SamplingParams(max_tokens=2, temperature=0.0))
+    time.sleep(0.1)
+    engine.shutdown()
+    assert left.result(timeout=10).finish_reason == "cancelled"
+    assert engine.scheduler.pool.num_free_blocks == engine.scheduler.pool.num_blocks
