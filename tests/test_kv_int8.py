@@ -66,3 +66,29 @@ def test_int8_kv_stays_within_tolerance_default_model(default_model):
 def test_kv_dtype_is_validated_by_name():
     with pytest.raises(ConfigError, match="kv_dtype must be one of dtype, int8"):
         EngineConfig(kv_dtype="fp8").validate()
+
+
+def test_a_pool_in_host_memory_is_reserved_not_written():
+    """A 512 MiB cache tensor costs no resident memory until its blocks are written (in a
+    fresh process: the pages come zeroed from the kernel on first touch), reads as zeros,
+    and is 64-byte aligned like torch's own tensors."""
+    import subprocess
+    import sys
+
+    code = """
+import torch
+from lucedesk.kernels.kv_storage import zeros
+def rss():
+    return int(open('/proc/self/statm').read().split()[1]) * 4096 >> 20
+before = rss()
+t = zeros((4, 32768, 16, 128), torch.bfloat16, "cpu")  # 512 MiB
+reserved = rss() - before
+assert t.data_ptr() % 64 == 0 and t.is_contiguous()
+assert not t[:, ::97].any()
+t[:, :16384].fill_(1.0)  # half the blocks used
+print(reserved, rss() - before)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    reserved, used = map(int, out.stdout.split())
+    assert reserved < 16
+    assert 200 < used < 320

@@ -15,8 +15,10 @@ in the model dtype)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from lucedesk.kernels.checks import require
@@ -38,6 +40,19 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def dequantize(values: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """int8 [..., head_dim] and float32 [...] -> dtype [..., head_dim]."""
     return (values.float() * scales[..., None]).to(dtype)
+
+
+def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A zeroed cache tensor. In host memory it comes from calloc (through numpy), whose
+    large blocks are pages the kernel maps zeroed on first touch: the pool is reserved, not
+    written, so a start does not spend ~0.5 s a GB zeroing it and the process's resident
+    memory grows as blocks are used (torch.zeros writes every byte)."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    size = math.prod(shape) * dtype.itemsize
+    raw = np.zeros(size + 64, dtype=np.uint8)
+    start = -raw.ctypes.data % 64  # 64-byte aligned, as torch's own allocations are
+    return torch.from_numpy(raw[start : start + size]).view(dtype).view(shape)
 
 
 @dataclass(slots=True)
@@ -63,15 +78,12 @@ class LayerKV:
         "int8"."""
         require(kv_dtype in KV_DTYPES, f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
         if kv_dtype == "dtype":
-            return cls(
-                torch.zeros(shape, dtype=dtype, device=device),
-                torch.zeros(shape, dtype=dtype, device=device),
-            )
+            return cls(zeros(shape, dtype, device), zeros(shape, dtype, device))
         return cls(
-            torch.zeros(shape, dtype=torch.int8, device=device),
-            torch.zeros(shape, dtype=torch.int8, device=device),
-            torch.zeros(shape[:3], dtype=torch.float32, device=device),
-            torch.zeros(shape[:3], dtype=torch.float32, device=device),
+            zeros(shape, torch.int8, device),
+            zeros(shape, torch.int8, device),
+            zeros(shape[:3], torch.float32, device),
+            zeros(shape[:3], torch.float32, device),
         )
 
     @property
