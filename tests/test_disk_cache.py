@@ -266,3 +266,47 @@ def test_a_request_waiting_for_the_disk_can_be_cancelled_and_shut_down(tiny_mode
     engine.shutdown()
     assert left.result(timeout=10).finish_reason == "cancelled"
     assert engine.scheduler.pool.num_free_blocks == engine.scheduler.pool.num_blocks
+
+
+def test_a_full_disk_leaves_no_partial_file_and_a_log_line(tmp_path, monkeypatch, caplog):
+    import errno
+
+    real_open = Path.open
+
+    def full_disk_open(self, mode="r", *args, **kwargs):
+        f = real_open(self, mode, *args, **kwargs)
+        if "w" not in mode:
+            return f
+        written = []
+
+        def write(data):
+            if written:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            written.append(len(data))
+            return f.raw.write(data)
+
+        f.write = write
+        return f
+
+    tokens = list(range(1, 42))
+    digests = block_digests(tokens, BS)
+    cache = open_cache(tmp_path)
+    caplog.set_level(logging.WARNING, "lucedesk.engine.disk_cache")
+    monkeypatch.setattr(Path, "open", full_disk_open)
+    cache.save(digests, 0, tokens[: 10 * BS], blocks(10, 0))
+    assert cache.flush(10)
+    monkeypatch.undo()
+    assert "10 blocks not written" in caplog.text and "No space left" in caplog.text
+    assert not list(cache.folder.iterdir()) and cache.known(digests) == 0  # no temp file
+    assert cache.has_room(10)  # what waited is no longer counted
+    cache.close()
+
+
+def test_no_more_than_a_bounded_amount_of_copies_waits_for_the_disk(tmp_path, monkeypatch):
+    import lucedesk.engine.disk_cache as disk_cache
+
+    cache = open_cache(tmp_path)
+    one_block = cache.format.payload_bytes(1)
+    monkeypatch.setattr(disk_cache, "QUEUE_BYTES", 12 * one_block)
+    assert cache.has_room(12) and not cache.has_room(13)
+    cache.close()

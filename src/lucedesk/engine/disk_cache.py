@@ -49,6 +49,7 @@ from lucedesk.engine.kv_segments import (
 log = logging.getLogger(__name__)
 
 MIN_BLOCKS = 4  # a segment shorter than this is not worth a file, nor a load
+QUEUE_BYTES = 1 << 30  # copies of blocks waiting for the disk, at most
 
 
 def default_root() -> Path:
@@ -120,6 +121,7 @@ class DiskPrefixCache:
         self.min_tokens = max(min_tokens, block_size * MIN_BLOCKS + 1)
         self._index: dict[bytes, tuple[Segment, int]] = {}
         self._pending: set[bytes] = set()  # digests queued for writing
+        self._queued_bytes = 0  # ...and the bytes of their copies
         self._lock = threading.Lock()
         self._ready = threading.Event()  # the folder has been read
         self._loads: queue.Queue = queue.Queue()
@@ -175,7 +177,13 @@ class DiskPrefixCache:
         job = _Save(parent, first, list(digests[first:]), tokens, tensors)
         with self._lock:
             self._pending.update(job.digests)
+            self._queued_bytes += self.format.payload_bytes(len(job.digests))
         self._saves.put(job)
+
+    def has_room(self, num_blocks: int) -> bool:
+        """Whether a copy of this many blocks may join the writes queued: at most
+        QUEUE_BYTES of copies wait for the disk (prompts beyond that are not written)."""
+        return self._queued_bytes + self.format.payload_bytes(num_blocks) <= QUEUE_BYTES
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Whether the folder was read and every write queued so far finished within
@@ -287,11 +295,14 @@ class DiskPrefixCache:
         while (job := self._saves.get()) is not None:
             try:
                 self._write(job)
+            except OSError as exc:  # a full or read-only disk: the engine goes on without
+                log.warning("prefix cache: %d blocks not written: %s", len(job.digests), exc)
             except Exception:
                 log.exception("prefix cache: writing %d blocks failed", len(job.digests))
             finally:
                 with self._lock:
                     self._pending.difference_update(job.digests)
+                    self._queued_bytes -= self.format.payload_bytes(len(job.digests))
 
     def _write(self, job: _Save) -> None:
         path = self.format.write(

@@ -232,7 +232,7 @@ class EngineLoop:
                 continue  # a preempted request computing its output again
             digests = disk.digests(req.prompt_ids)
             first = disk.known(digests, pending=True)
-            if len(digests) - first < MIN_BLOCKS:
+            if len(digests) - first < MIN_BLOCKS or not disk.has_room(len(digests) - first):
                 continue
             tensors = self.seq_engine.read_blocks(req.block_ids[first : len(digests)])
             tokens = req.prompt_ids[first * bs : len(digests) * bs]

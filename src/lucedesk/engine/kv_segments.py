@@ -152,11 +152,15 @@ class SegmentFormat:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{digests[-1].hex()}{SUFFIX}"
         temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with temporary.open("wb") as f:
-            f.write(MAGIC + struct.pack("<I", len(head)) + head)
-            for piece in pieces:
-                f.write(piece)
-        os.replace(temporary, path)
+        try:
+            with temporary.open("wb") as f:
+                f.write(MAGIC + struct.pack("<I", len(head)) + head)
+                for piece in pieces:
+                    f.write(piece)
+            os.replace(temporary, path)
+        except BaseException:  # a full disk: no partial file stays behind
+            temporary.unlink(missing_ok=True)
+            raise
         return path
 
 
