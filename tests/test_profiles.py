@@ -161,3 +161,25 @@ def test_int8_kv_holds_twice_the_tokens():
     )
     eight = derive_pool_tokens(config, SMOLLM2, "bfloat16", 1 << 30, 10**9)
     assert 1.85 < eight / plain < 1.9  # 128 / 68 bytes a row
+
+
+def test_profiles_command_says_what_the_pool_and_the_disk_cache_hold(tiny_llama, capsys):
+    from lucedesk.cli import main
+    from lucedesk.engine.disk_cache import default_root
+
+    folder = default_root() / "some-model"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "a.kv").write_bytes(b"\0" * 20_000_000)
+    try:
+        assert main(["profiles", "--profile", "cpu", "--model", str(tiny_llama)]) == 0
+        out = capsys.readouterr().out
+        assert "reserved, not written" in out
+        assert "prefix cache on disk     0.02 of 8 GB in" in out
+        assert "(prompts of 1024+ tokens)" in out
+        assert (
+            main(["profiles", "--profile", "cpu", "--model", str(tiny_llama), "--no-disk-cache"])
+            == 0
+        )
+        assert "prefix cache on disk     off" in capsys.readouterr().out
+    finally:
+        (folder / "a.kv").unlink()

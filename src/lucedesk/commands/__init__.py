@@ -180,9 +180,26 @@ def show_profiles(args: argparse.Namespace) -> int:
         f"  KV pool                  {pool} tokens ({pool * per_token / 2**20:.0f} MiB)"
         + ("" if config.kv_pool_tokens else f", derived from {free / 2**30:.1f} GiB free")
     )
+    if resolve_device(config.device).type == "cpu":
+        print("                           reserved, not written: resident as blocks are used")
     print(f"  context limit            {max_len} tokens")
     print(f"  full-length contexts     {pool // max_len} at once (of {config.max_slots} slots)")
+    print(f"  prefix cache on disk     {disk_cache_line(config)}")
     return 0
+
+
+def disk_cache_line(config) -> str:
+    """What the prefix cache on disk holds and may hold, or that there is none."""
+    from lucedesk.engine.disk_cache import default_root
+
+    if not (config.disk_cache_gb and config.prefix_cache):
+        return "off"
+    root = default_root()
+    used = sum(p.stat().st_size for p in root.glob("*/*.kv")) if root.is_dir() else 0
+    return (
+        f"{used / 1e9:.2f} of {config.disk_cache_gb:g} GB in {root} "
+        f"(prompts of {config.disk_cache_min_tokens}+ tokens)"
+    )
 
 
 def serve(args: argparse.Namespace) -> int:
