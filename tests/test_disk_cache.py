@@ -21,7 +21,7 @@ from lucedesk.engine.disk_cache import (
     DiskPrefixCache,
     LoadedPrefix,
     block_digests,
-    default_root,
+    disk_cache_root,
 )
 from lucedesk.engine.models.loader import load_model
 from lucedesk.engine.request import SamplingParams
@@ -119,18 +119,25 @@ def test_a_broken_or_foreign_file_is_ignored_with_a_log_line(tmp_path, caplog):
     again.close()
 
     # Cut short (a full disk) and written for another model or layout: ignored at start.
+    # A header that lacks a field (same length, so only the field is wrong), too.
     cache = open_cache(tmp_path)
     cache.save(digests, 0, tokens[: 10 * BS], blocks(10, 0))
+    other = [7 + t for t in tokens]
+    cache.save(block_digests(other, BS), 0, other[: 10 * BS], blocks(10, 3))
     assert cache.flush(10)
     cache.close()
-    (path,) = cache.folder.glob("*.kv")
+    path = cache.folder / f"{digests[-1].hex()}.kv"
+    (damaged,) = [p for p in cache.folder.glob("*.kv") if p != path]
     path.write_bytes(path.read_bytes()[:-100])
+    damaged.write_bytes(damaged.read_bytes().replace(b'"crc32"', b'"crc3x"', 1))
     foreign = cache.folder / "other.kv"
     foreign.write_bytes(b"not a cache file at all")
     caplog.clear()
     again = open_cache(tmp_path)
     assert again.known(digests) == 0
     assert "not what its header says" in caplog.text and "not a lucedesk KV file" in caplog.text
+    assert "its header cannot be read ('crc32')" in caplog.text
+    assert read(again, digests) is None  # the reading thread still answers
     again.close()
     other_layout = DiskPrefixCache(tmp_path, "model-a", LAYOUT[:1], BS, 1 << 30, 0)
     assert other_layout.flush(5) and other_layout.known(digests) == 0
@@ -226,7 +233,7 @@ def test_no_disk_cache_and_short_prompts_write_nothing(tiny_models):
     engine = make_engine(loaded, max_slots=2, kv_pool_tokens=2048, disk_cache_gb=0)
     assert engine.disk is None
     engine.shutdown()
-    before = set(default_root().glob("*/*.kv"))
+    before = set(disk_cache_root().glob("*/*.kv"))
     engine = make_engine(
         loaded, max_slots=2, kv_pool_tokens=2048, disk_cache_gb=1, disk_cache_min_tokens=1024
     )
@@ -234,7 +241,7 @@ def test_no_disk_cache_and_short_prompts_write_nothing(tiny_models):
     while not handle.finished:
         engine.step()
     engine.shutdown()
-    assert set(default_root().glob("*/*.kv")) == before
+    assert set(disk_cache_root().glob("*/*.kv")) == before
 
 
 def test_a_request_waiting_for_the_disk_can_be_cancelled_and_shut_down(tiny_models, monkeypatch):
@@ -260,6 +267,9 @@ def test_a_request_waiting_for_the_disk_can_be_cancelled_and_shut_down(tiny_mode
     cancelled = engine.submit(prompt, SamplingParams(max_tokens=2, temperature=0.0))
     time.sleep(0.1)
     assert engine.stats().num_waiting == 1  # it waits for the disk, counted as queued
+    steps = engine.scheduler.step
+    time.sleep(0.2)
+    assert engine.scheduler.step - steps <= 2  # the engine thread waits, it does not spin
     cancelled.cancel()
     assert cancelled.result(timeout=10).finish_reason == "cancelled"
     left = engine.submit(prompt, SamplingParams(max_tokens=2, temperature=0.0))
@@ -311,3 +321,67 @@ def test_no_more_than_a_bounded_amount_of_copies_waits_for_the_disk(tmp_path, mo
     monkeypatch.setattr(disk_cache, "QUEUE_BYTES", 12 * one_block)
     assert cache.has_room(12) and not cache.has_room(13)
     cache.close()
+
+
+def test_a_segment_rewritten_after_its_parent_went_replaces_the_old_one(tmp_path):
+    """Parent evicted, the same prompt saved again from its first block: the new file has
+    the old child's name; the index follows the new file, and the parent of a segment is
+    refreshed whenever the segment is written or read."""
+    tokens = list(range(1, 42))
+    digests = block_digests(tokens, BS)
+    cache = open_cache(tmp_path)
+    cache.save(digests[:6], 0, tokens[: 6 * BS], blocks(6, 0))
+    assert cache.flush(10)
+    parent = next(cache.folder.glob("*.kv"))
+    os.utime(parent, (1, 1))
+    cache.save(digests, 6, tokens[6 * BS : 10 * BS], blocks(4, 1))
+    assert cache.flush(10)
+    assert parent.stat().st_mtime > 1  # written after its child: refreshed
+    child = next(p for p in cache.folder.glob("*.kv") if p != parent)
+    cache._forget_path(parent)
+    parent.unlink()  # evicted (by another process, say)
+    assert cache.known(digests) == 0
+    whole = blocks(10, 2)
+    cache.save(digests, 0, tokens[: 10 * BS], whole)
+    assert cache.flush(10)
+    assert list(cache.folder.glob("*.kv")) == [child]  # the same name, a new file
+    prefix = read(cache, digests, first=1)
+    assert prefix is not None and prefix.end == 10
+    for got, want in zip(prefix.pieces(0, 9)[0][1], whole):
+        assert torch.equal(got, want[:, 1:])
+    cache.close()
+
+
+def test_a_load_that_fails_ends_its_request_and_leaves_no_false_cache(tiny_models, monkeypatch):
+    """Copying blocks read from disk into the pool fails: the request ends with an error
+    that says so, the blocks' keys are forgotten, and the same prompt then computes the
+    same tokens as a cold run."""
+    from lucedesk.engine.runner import TorchSeqEngine
+
+    loaded = load_model(tiny_models["llama"], torch.float32)
+    config = dict(max_slots=2, kv_pool_tokens=2048, disk_cache_gb=1, disk_cache_min_tokens=256)
+    prompt = [30 + (i * 17) % 300 for i in range(400)]
+    engine = make_engine(loaded, **config)
+    cold = engine.submit(prompt, SamplingParams(max_tokens=6, temperature=0.0))
+    while not cold.finished:
+        engine.step()
+    engine.shutdown()
+
+    def broken(self, block_ids, tensors):
+        raise RuntimeError("out of memory")
+
+    engine = make_engine(loaded, **config)
+    with monkeypatch.context() as m:
+        m.setattr(TorchSeqEngine, "write_blocks", broken)
+        failed = engine.submit(prompt, SamplingParams(max_tokens=6, temperature=0.0))
+        while not failed.finished:
+            engine.step()
+    result = failed.result(timeout=0)
+    assert result.finish_reason == "error" and "loading cached blocks failed" in result.error
+    pool = engine.scheduler.pool
+    assert pool.num_cached_blocks == 0 and pool.num_free_blocks == pool.num_blocks
+    again = engine.submit(prompt, SamplingParams(max_tokens=6, temperature=0.0))
+    while not again.finished:
+        engine.step()
+    assert again.result(timeout=0).token_ids == cold.result(timeout=0).token_ids
+    engine.shutdown()

@@ -165,9 +165,9 @@ def test_int8_kv_holds_twice_the_tokens():
 
 def test_profiles_command_says_what_the_pool_and_the_disk_cache_hold(tiny_llama, capsys):
     from lucedesk.cli import main
-    from lucedesk.engine.disk_cache import default_root
+    from lucedesk.engine.disk_cache import disk_cache_root
 
-    folder = default_root() / "some-model"
+    folder = disk_cache_root() / "some-model"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "a.kv").write_bytes(b"\0" * 20_000_000)
     try:

@@ -190,11 +190,11 @@ def show_profiles(args: argparse.Namespace) -> int:
 
 def disk_cache_line(config) -> str:
     """What the prefix cache on disk holds and may hold, or that there is none."""
-    from lucedesk.engine.disk_cache import default_root
+    from lucedesk.engine import disk_cache_root
 
     if not (config.disk_cache_gb and config.prefix_cache):
         return "off"
-    root = default_root()
+    root = disk_cache_root()
     used = sum(p.stat().st_size for p in root.glob("*/*.kv")) if root.is_dir() else 0
     return (
         f"{used / 1e9:.2f} of {config.disk_cache_gb:g} GB in {root} "

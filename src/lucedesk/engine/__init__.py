@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from lucedesk.engine.build import (
         BuiltEngine,
         check_device,
+        disk_cache_root,
         kernel_build_notice,
         launch_engine,
         resolve_device,
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
 _BUILD_NAMES = (
     "BuiltEngine",
     "check_device",
+    "disk_cache_root",
     "kernel_build_notice",
     "launch_engine",
     "resolve_device",
@@ -80,6 +82,7 @@ __all__ = [
     "TokenLogprob",
     "Tokenizer",
     "check_device",
+    "disk_cache_root",
     "is_harmony",
     "overlap_with_start",
     "kernel_build_notice",

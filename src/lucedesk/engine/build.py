@@ -16,7 +16,7 @@ from lucedesk.catalog.fingerprint import model_fingerprint
 from lucedesk.catalog.fit import check_fits, derive_pool_tokens, kv_bytes_per_token
 from lucedesk.config import EngineConfig
 from lucedesk.engine.device import resolve_device, resolve_dtype
-from lucedesk.engine.disk_cache import DiskPrefixCache, default_root, model_key
+from lucedesk.engine.disk_cache import DiskPrefixCache, disk_cache_root, model_key
 from lucedesk.engine.engine import Engine, ModelInfo
 from lucedesk.engine.memory import available_memory, dtype_name, return_free_memory
 from lucedesk.engine.models.decoder import DecoderModel, Projection
@@ -194,11 +194,12 @@ def assemble(loaded: LoadedModel, config: EngineConfig, device: torch.device) ->
 def open_disk_cache(
     loaded: LoadedModel, config: EngineConfig, runner: TorchSeqEngine, weights: str, kernels: str
 ) -> DiskPrefixCache:
-    """The prefix cache on disk for this model as the engine computes it: its files, dtype,
-    KV dtype, weight format, kernels and block size name its folder."""
+    """The prefix cache on disk for this model as the engine computes it: its files, device,
+    dtype, KV dtype, weight format, kernels and block size name its folder."""
     started = time.perf_counter()
     key = model_key(
         model_fingerprint(loaded.path),
+        runner.device.type,
         dtype_name(loaded.model.dtype),
         config.kv_dtype,
         weights,
@@ -206,7 +207,7 @@ def open_disk_cache(
         config.block_size,
     )
     disk = DiskPrefixCache(
-        default_root(),
+        disk_cache_root(),
         key,
         runner.kv_layout(),
         config.block_size,

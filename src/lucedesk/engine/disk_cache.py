@@ -25,6 +25,7 @@ into it (engine_loop.py, scheduler.py).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -52,7 +53,7 @@ MIN_BLOCKS = 4  # a segment shorter than this is not worth a file, nor a load
 QUEUE_BYTES = 1 << 30  # copies of blocks waiting for the disk, at most
 
 
-def default_root() -> Path:
+def disk_cache_root() -> Path:
     """LUCEDESK_KV_CACHE, else the folder kv in lucedesk's cache folder."""
     from platformdirs import user_cache_dir
 
@@ -210,6 +211,8 @@ class DiskPrefixCache:
     def _load_loop(self) -> None:
         try:
             self._scan()
+        except Exception:  # what was indexed stays; the thread must go on answering
+            log.exception("prefix cache: reading %s failed", self.folder)
         finally:
             self._ready.set()
         while (job := self._loads.get()) is not None:
@@ -231,8 +234,9 @@ class DiskPrefixCache:
             if segment is not None:
                 self._add(segment)
         for stale in self.folder.glob(f".*{SUFFIX}.*.tmp"):  # left by a crash mid-write
-            if time.time() - stale.stat().st_mtime > 600:
-                stale.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # (or being written by another process)
+                if time.time() - stale.stat().st_mtime > 600:
+                    stale.unlink()
 
     def _segment(self, path: Path) -> Segment | None:
         try:
@@ -242,7 +246,8 @@ class DiskPrefixCache:
 
     def _reject(self, path: Path, why: str) -> None:
         log.warning("prefix cache: %s ignored and removed: %s", path, why)
-        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
         return None
 
     def _add(self, segment: Segment) -> None:
@@ -273,7 +278,9 @@ class DiskPrefixCache:
             if tensors is None:
                 break
             parts.append([t[:, j : j + take] for t in tensors])
-            os.utime(segment.path)  # used: the last to be evicted
+            with contextlib.suppress(OSError):
+                os.utime(segment.path)  # used: the last to be evicted
+            self._touch_ancestors(segment)
             i += take
         if i - first < MIN_BLOCKS:
             return None
@@ -308,12 +315,29 @@ class DiskPrefixCache:
         path = self.format.write(
             self.folder, job.parent, job.first, job.digests, job.tokens, job.tensors
         )
+        self._forget_path(path)  # a segment of that name it replaced (its parent evicted)
         segment = self._segment(path)
         if segment is None:
             return
         self._add(segment)
         self.num_saved_blocks += len(job.digests)
+        self._touch_ancestors(segment)
         self._evict(keep=path)
+
+    def _forget_path(self, path: Path) -> None:
+        with self._lock:
+            segments = {id(s): s for s, _ in self._index.values() if s.path == path}
+        for segment in segments.values():
+            self._drop(segment)
+
+    def _touch_ancestors(self, segment: Segment) -> None:
+        """A segment's parents were used as recently as it: the least recently used go
+        first, and a parent gone strands its children."""
+        parent = segment.parent
+        while parent is not None and (found := self._index.get(parent)) is not None:
+            with contextlib.suppress(OSError):
+                os.utime(found[0].path)
+            parent = found[0].parent
 
     def _evict(self, keep: Path) -> None:
         """Remove the least recently used segments of any model until the cache fits."""
@@ -330,10 +354,8 @@ class DiskPrefixCache:
                 break
             if path == keep:
                 continue
-            with self._lock:
-                mine = [s for s, _ in self._index.values() if s.path == path]
-            for segment in mine[:1]:
-                self._drop(segment)
-            path.unlink(missing_ok=True)
+            self._forget_path(path)
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
             total -= size
             log.info("prefix cache: %s evicted (%d MiB)", path.name, size >> 20)

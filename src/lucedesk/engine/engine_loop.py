@@ -110,14 +110,17 @@ class EngineLoop:
         """The engine thread's loop, until shutdown()."""
         deadline = None
         while True:
-            self._take_inbox()
+            took = self._take_inbox()
             if self._stopping:
                 deadline = deadline or time.monotonic() + self._drain_timeout
                 if not self._drain or time.monotonic() > deadline or not self._has_work():
                     self._cancel_all()
                     self._publish()
                     return
-            if not self._has_work() and not self.scheduler.recently_finished:
+            queued = self.scheduler.running or self.scheduler.waiting
+            if not queued and not self.scheduler.recently_finished:  # (reads wake it)
+                if took:
+                    self._publish()  # requests waiting for the disk show as queued
                 self._wake.wait(0.5)
                 self._wake.clear()
                 continue
@@ -135,14 +138,13 @@ class EngineLoop:
         started = time.monotonic()
         self._take_inbox()
         plan = self.scheduler.plan()
-        for load in plan.loads:  # blocks read from disk, into the pool before they are read
-            for at, tensors in load.prefix.pieces(load.start, len(load.block_ids)):
-                ids = load.block_ids[at : at + tensors[0].shape[1]]
-                self.seq_engine.write_blocks(ids, tensors)
         if plan.finished_ids:  # even when nothing runs next: no state outlives its request
             self.seq_engine.forget(plan.finished_ids)
         for rid in plan.finished_ids:
             self._close(rid)  # cancelled at the step boundary
+        if plan.loads and not self._load_blocks(plan):
+            self._publish(0, started)
+            return
         if not plan:
             self._publish(0, started)
             return
@@ -172,7 +174,9 @@ class EngineLoop:
     def _has_work(self) -> bool:
         return bool(self.scheduler.running or self.scheduler.waiting or self._reading)
 
-    def _take_inbox(self) -> None:
+    def _take_inbox(self) -> bool:
+        """Whether there was anything to take."""
+        took = bool(self._inbox)
         while self._inbox:
             kind, payload = self._inbox.popleft()
             if kind == "add":
@@ -182,13 +186,14 @@ class EngineLoop:
                     self._num_pending -= 1
                     self.scheduler.add(req)
             elif kind == "loaded":
-                self._num_pending -= 1
                 if self._reading.pop(payload.request_id, None) is not None:
+                    self._num_pending -= 1
                     self.scheduler.add(payload)
             else:
                 req = self.outputs.get(payload)
                 if req is not None and not req.finished:
                     req.cancel_requested = True
+        return took
 
     def _read_from_disk(self, req: Request) -> bool:
         """Whether the disk holds enough more of the request's prompt than the pool that
@@ -213,6 +218,24 @@ class EngineLoop:
         self._reading[req.request_id] = req
         disk.load(digests, in_pool, loaded)
         return True
+
+    def _load_blocks(self, plan: StepPlan) -> bool:
+        """Copy the blocks read from disk into the pool before the step reads them. If that
+        fails, the blocks' keys are forgotten (no later request adopts what they do not
+        hold), every request holding one ends with an error, and the step is not run."""
+        try:
+            for load in plan.loads:
+                for at, tensors in load.prefix.pieces(load.start, len(load.block_ids)):
+                    ids = load.block_ids[at : at + tensors[0].shape[1]]
+                    self.seq_engine.write_blocks(ids, tensors)
+            return True
+        except Exception as exc:
+            log.exception("loading blocks read from disk failed")
+            bad = {b for load in plan.loads for b in load.block_ids}
+            for req in [r for r in self.scheduler.running if bad.intersection(r.block_ids)]:
+                self._finish(req, FinishReason.ERROR, f"loading cached blocks failed: {exc}")
+            self.scheduler.pool.forget_keys(bad)
+            return False
 
     def _save_prompts(self, plan: StepPlan, errors: dict[int, str]) -> None:
         """Copy to disk the blocks of each prompt computed in this step whose prompt is
@@ -283,6 +306,7 @@ class EngineLoop:
     def _cancel_all(self) -> None:
         self._take_inbox()
         reading, self._reading = list(self._reading.values()), {}
+        self._num_pending -= len(reading)  # (their read's answer is dropped)
         for req in list(self.scheduler.running) + list(self.scheduler.waiting) + reading:
             self._finish(req, FinishReason.CANCELLED)
         self.scheduler.recently_finished.clear()

@@ -157,6 +157,17 @@ class BlockPool:
             self._tokens_of[block] = chunk
         return key
 
+    def forget_keys(self, blocks: Iterable[int]) -> None:
+        """Blocks whose contents are not what their keys say (a load that failed): no later
+        request may adopt them; free ones go back with the blank blocks."""
+        for b in blocks:
+            if b in self._key_of:
+                self._forget(b)
+            if b in self._free_cached:
+                del self._free_cached[b]
+                self._free.append(b)
+        self.unexpect(blocks)
+
     def _forget(self, block: int) -> None:
         key = self._key_of.pop(block)
         del self._tokens_of[block]

@@ -95,11 +95,11 @@ class SegmentFormat:
                 if size != start + self.payload_bytes(n):
                     raise SegmentError(f"it is {size} bytes, not what its header says")
                 tokens = struct.unpack(f"<{n * bs}i", f.read(n * bs * 4))
+                parent = bytes.fromhex(header["parent"]) if header["parent"] else None
+                first, crc = int(header["first"]), int(header["crc32"])
         except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
             raise SegmentError(f"its header cannot be read ({exc})") from None
-        parent = bytes.fromhex(header["parent"]) if header["parent"] else None
-        digests = chain(parent, tokens, bs)
-        return Segment(path, parent, header["first"], digests, size, start, header["crc32"])
+        return Segment(path, parent, first, chain(parent, tokens, bs), size, start, crc)
 
     def views(self, segment: Segment) -> list[torch.Tensor]:
         """The segment's blocks, one tensor per cache tensor: views of the file mapped

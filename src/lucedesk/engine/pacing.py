@@ -58,7 +58,7 @@ class StepPacer:
             return 0  # a decode-only step first: what the others are measured against
         if self.per_token is None:
             return self.least
-        if self.per_token <= 0.0:
+        if self.per_token <= 1e-9:  # a prompt token adds no time that can be measured
             return self.most
         target = max(self.slowdown * alone, self.floor)
         room = (target - alone) / self.per_token + 1e-9  # not 19.999...
