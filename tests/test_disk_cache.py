@@ -31,6 +31,17 @@ BS = 4
 LAYOUT = [(torch.float32, (2, BS, 8)), (torch.float32, (2, BS, 8))]  # K and V of one layer
 
 
+DISK = dict(max_slots=2, kv_pool_tokens=2048, disk_cache_gb=1, disk_cache_min_tokens=256)
+
+
+def complete(engine, prompt: list[int], max_tokens: int):
+    """Step an engine (no thread) until a greedy request for `prompt` ends; its handle."""
+    handle = engine.submit(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0))
+    while not handle.finished:
+        engine.step()
+    return handle
+
+
 def open_cache(root: Path, key: str = "model-a", limit: int = 1 << 30) -> DiskPrefixCache:
     cache = DiskPrefixCache(root, key, LAYOUT, BS, limit, min_tokens=0)
     assert cache.flush(5)
@@ -202,10 +213,7 @@ def test_an_engine_restarted_reads_a_long_prompt_back_from_disk(tiny_models, kv_
     prompt = [10 + (i * 7) % 300 for i in range(600)]
     engine = make_engine(loaded, **config)
     before = set(engine.disk.folder.glob("*.kv"))
-    handle = engine.submit(prompt, SamplingParams(max_tokens=12, temperature=0.0))
-    while not handle.finished:
-        engine.step()
-    cold = handle.result(timeout=0).token_ids
+    cold = complete(engine, prompt, 12).result(timeout=0).token_ids
     assert engine.scheduler.num_disk_hit_tokens == 0
     engine.shutdown()  # the write finishes first
     assert len(set(engine.disk.folder.glob("*.kv")) - before) == 1
@@ -237,9 +245,7 @@ def test_no_disk_cache_and_short_prompts_write_nothing(tiny_models):
     engine = make_engine(
         loaded, max_slots=2, kv_pool_tokens=2048, disk_cache_gb=1, disk_cache_min_tokens=1024
     )
-    handle = engine.submit(prompt, SamplingParams(max_tokens=2, temperature=0.0))
-    while not handle.finished:
-        engine.step()
+    complete(engine, prompt, 2)
     engine.shutdown()
     assert set(disk_cache_root().glob("*/*.kv")) == before
 
@@ -248,12 +254,10 @@ def test_a_request_waiting_for_the_disk_can_be_cancelled_and_shut_down(tiny_mode
     """While its blocks are read (made slow here), a request can be cancelled, and an
     engine shutting down ends it: no handle is left open and no slot is held."""
     loaded = load_model(tiny_models["llama"], torch.float32)
-    config = dict(max_slots=2, kv_pool_tokens=2048, disk_cache_gb=1, disk_cache_min_tokens=256)
+    config = DISK
     prompt = [20 + (i * 13) % 300 for i in range(400)]
     engine = make_engine(loaded, **config)
-    first = engine.submit(prompt, SamplingParams(max_tokens=2, temperature=0.0))
-    while not first.finished:
-        engine.step()
+    complete(engine, prompt, 2)
     engine.shutdown()
 
     real_read = DiskPrefixCache._read
@@ -359,12 +363,10 @@ def test_a_load_that_fails_ends_its_request_and_leaves_no_false_cache(tiny_model
     from lucedesk.engine.runner import TorchSeqEngine
 
     loaded = load_model(tiny_models["llama"], torch.float32)
-    config = dict(max_slots=2, kv_pool_tokens=2048, disk_cache_gb=1, disk_cache_min_tokens=256)
+    config = DISK
     prompt = [30 + (i * 17) % 300 for i in range(400)]
     engine = make_engine(loaded, **config)
-    cold = engine.submit(prompt, SamplingParams(max_tokens=6, temperature=0.0))
-    while not cold.finished:
-        engine.step()
+    cold = complete(engine, prompt, 6)
     engine.shutdown()
 
     def broken(self, block_ids, tensors):
@@ -373,15 +375,11 @@ def test_a_load_that_fails_ends_its_request_and_leaves_no_false_cache(tiny_model
     engine = make_engine(loaded, **config)
     with monkeypatch.context() as m:
         m.setattr(TorchSeqEngine, "write_blocks", broken)
-        failed = engine.submit(prompt, SamplingParams(max_tokens=6, temperature=0.0))
-        while not failed.finished:
-            engine.step()
+        failed = complete(engine, prompt, 6)
     result = failed.result(timeout=0)
     assert result.finish_reason == "error" and "loading cached blocks failed" in result.error
     pool = engine.scheduler.pool
     assert pool.num_cached_blocks == 0 and pool.num_free_blocks == pool.num_blocks
-    again = engine.submit(prompt, SamplingParams(max_tokens=6, temperature=0.0))
-    while not again.finished:
-        engine.step()
+    again = complete(engine, prompt, 6)
     assert again.result(timeout=0).token_ids == cold.result(timeout=0).token_ids
     engine.shutdown()

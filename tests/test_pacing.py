@@ -162,5 +162,5 @@ def test_the_engine_times_its_steps_for_the_pacer_and_the_monitor(tiny_models):
     run_jobs(engine, [Job([10 + i % 300 for i in range(400)], SamplingParams(max_tokens=2), 0)])
     assert engine.scheduler.pacer.per_token is not None  # ...and one beside a prompt
     busy = [s for s in engine.stats().slots if s.request_id is not None]
-    assert all(s.wait_s is not None and s.wait_s < 60 for s in busy)
+    assert busy and all(s.progress_time is not None and s.wait_s is not None for s in busy)
     stream.cancel()

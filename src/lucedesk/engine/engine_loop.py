@@ -201,10 +201,9 @@ class EngineLoop:
         from lucedesk.engine.disk_cache import MIN_BLOCKS
 
         disk = self.disk
-        if disk is None or req.disk_checked or req.num_prompt_tokens < disk.min_tokens:
+        if disk is None or req.disk_digests is not None or req.num_prompt_tokens < disk.min_tokens:
             return False
-        req.disk_checked = True
-        digests = disk.digests(req.prompt_ids)
+        digests = req.disk_digests = disk.digests(req.prompt_ids)
         in_pool = len(self.scheduler.pool.lookup(req.prompt_ids)[0])
         # Until the folder has been read, the reading thread answers once it has.
         if disk.ready and disk.known(digests) - in_pool < MIN_BLOCKS:
@@ -253,7 +252,7 @@ class EngineLoop:
                 continue
             if row.start + row.num_tokens != req.num_prompt_tokens:
                 continue  # a preempted request computing its output again
-            digests = disk.digests(req.prompt_ids)
+            digests = req.disk_digests or disk.digests(req.prompt_ids)  # (computed on arrival)
             first = disk.known(digests, pending=True)
             if len(digests) - first < MIN_BLOCKS or not disk.has_room(len(digests) - first):
                 continue

@@ -136,9 +136,9 @@ class Request:
     progress_time: float | None = None  # when a step last ran a row of it (monotonic)
     num_cached_tokens: int | None = None  # prompt tokens the prefix cache held at admission
     # Blocks of its prompt read from the prefix cache on disk (disk_cache.LoadedPrefix),
-    # until admission takes them; and whether the disk was asked.
+    # until admission takes them; and its prompt's block digests, once the disk was asked.
     disk_prefix: LoadedPrefix | None = None
-    disk_checked: bool = False
+    disk_digests: list[bytes] | None = None
     # Prompt lookup, where on for this request: its index, the next draft's length and what
     # its drafts came to.
     lookup: PromptLookup | None = None
