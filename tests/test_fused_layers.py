@@ -127,13 +127,19 @@ def four_bit_gguf(tmp_path_factory):
 
 
 def fused_layers(model) -> list[tuple[object, object]]:
-    return [(layer.fused_input, layer.fused_mlp) for layer in model.layers]
+    """Each layer's fused halves: attention input, and the dense MLP's or the experts'."""
+    return [
+        (layer.fused_input, layer.fused_mlp if layer.moe is None else layer.moe.fused)
+        for layer in model.layers
+    ]
 
 
 def without_fused_calls(model) -> None:
     model.stack = None
     for layer in model.layers:
         layer.fused_input = layer.fused_mlp = None
+        if layer.moe is not None:
+            layer.moe.fused = None
 
 
 def test_an_engine_on_fused_calls_gives_the_tokens_of_separate_calls(four_bit_gguf):
@@ -174,19 +180,23 @@ def random_caches(caches, g: torch.Generator) -> None:
 
 
 @pytest.mark.parametrize("kv_dtype", ["dtype", "int8"])
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "gpt-oss"])
 def test_the_layer_stack_gives_the_bits_of_the_calls_layer_by_layer(tiny_models, arch, kv_dtype):
     """A step of two decodes beside two prompt chunks (one fresh, one continuing), and a
     step of decodes only, one with a three-token draft; a window and sinks on the first
     layer: the stack's hidden states and every cache row it writes are those of the
     per-layer calls (Gemma 3's: float32 norms, norms after attention and the MLP, tanh
-    GELU, sliding layers on their own rotary table)."""
+    GELU, sliding layers on their own rotary table; Qwen3-MoE's experts beside a dense
+    layer, gpt-oss's biased experts with the clamped SwiGLU). The per-layer calls run the
+    mixtures through the model's Python (router, grouped passes, weighted sum)."""
     loaded = load_model(tiny_models[arch], torch.bfloat16)
     make_engine(loaded, kernels="cpu", weights="int8", max_slots=4, kv_pool_tokens=2048,
                 kv_dtype=kv_dtype)  # fmt: skip
     runner_model = loaded.model
     first = runner_model.layers[0]
-    first.window, first.sinks = 9, torch.randn(loaded.config.num_heads)
+    first.window = 9
+    if first.sinks is None:  # gpt-oss has its own
+        first.sinks = torch.randn(loaded.config.num_heads)
     runner_model.use_kernels(runner_model.kernels)  # the stack takes the window and sinks
     stack = runner_model.stack
     assert stack is not None
@@ -209,6 +219,9 @@ def test_the_layer_stack_gives_the_bits_of_the_calls_layer_by_layer(tiny_models,
         results = []
         for use_stack in (True, False):
             runner_model.stack = stack if use_stack else None
+            for layer in runner_model.layers:
+                if layer.moe is not None:  # the Python mixture, not the one-call one
+                    layer.moe.fused = kernels.fused if use_stack else None
             step_caches = [LayerKV(*(None if t is None else t.clone() for t in astuple(kv)))
                            for kv in caches]  # fmt: skip
             attention = PagedAttention(kernels, step_caches, meta, loaded.config.attention_scale)
@@ -240,13 +253,14 @@ def test_the_layer_stack_refuses_what_it_cannot_take(tiny_models):
 
 
 # Which halves each family's tiny model fuses: qkv bias (qwen2) and q/k norms (qwen3) in the
-# first; a mixture's layers keep their experts' own calls, Gemma 3's float32 norms and
-# gpt-oss's everything.
+# first; a mixture's experts (qwen3moe, gpt-oss) in the second; Gemma 3's float32 norms
+# neither; gpt-oss's attention (sinks, 16-wide heads) stays layer by layer.
 FAMILIES = {
     "llama": (True, True),
     "qwen2": (True, True),
     "qwen3": (True, True),
-    "qwen3moe": (True, None),
+    "qwen3moe": (True, True),
+    "gpt-oss": (None, True),
     "gemma3": (False, False),
 }
 
@@ -266,11 +280,9 @@ def test_each_family_fuses_what_it_can_with_the_tokens_of_separate_calls(
     engine = make_engine(loaded, **config)
     want_input, want_mlp = FAMILIES[arch]
     calls = fused_layers(loaded.model)
-    assert all((a is not None) == want_input for a, _ in calls)
-    if want_mlp is None:  # dense layers fuse, mixtures do not
-        assert {b is not None for _, b in calls} == {True, False}
-    else:
-        assert all((b is not None) == want_mlp for _, b in calls)
+    if want_input is not None:
+        assert all((a is not None) == want_input for a, _ in calls)
+    assert all((b is not None) == want_mlp for _, b in calls)
     fused_tokens = run_jobs(engine, jobs)
     engine = make_engine(loaded, **config)
     without_fused_calls(loaded.model)

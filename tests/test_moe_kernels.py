@@ -11,7 +11,10 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
+from lucedesk.engine.models.config import ModelConfig
 from lucedesk.engine.models.gguf_blocks import block_levels
+from lucedesk.engine.models.moe import MoEBlock, gated
+from lucedesk.kernels.cpu import FusedLayerCalls
 from lucedesk.kernels.moe_torch import grouped_linear_torch
 from lucedesk.kernels.moe_triton import grouped_linear
 from lucedesk.kernels.quantized import (
@@ -132,3 +135,97 @@ def test_triton_grouped_linear_checks_its_inputs():
         grouped_linear(torch.randn(3, 16, device=DEVICE), w, torch.tensor([1, 2], device=DEVICE))
     with pytest.raises(ValueError, match="counts must be"):
         grouped_linear(torch.randn(3, 32, device=DEVICE), w, torch.tensor([3], device=DEVICE))
+
+
+def per_expert_reference(block, x: torch.Tensor, weights: dict[str, list]) -> torch.Tensor:
+    """Each row alone, each of its experts alone (its own LowBitWeight), the weighted sum in
+    the router's rank order: what a mixture means, with no grouping and no batch."""
+    c = block.c
+    out = []
+    for row in x.split(1):
+        w, ids = block.route(row)
+        total = None
+        for j, e in enumerate(ids[0].tolist()):
+            h = weights["gate_up"][e](row)
+            if block.experts.gate_up_bias is not None:
+                h = h + block.experts.gate_up_bias[e]
+            y = weights["down"][e](gated(c, h).contiguous())
+            if block.experts.down_bias is not None:
+                y = y + block.experts.down_bias[e]
+            term = y * w[:, j : j + 1]
+            total = term if total is None else total + term
+        out.append(total)
+    return torch.cat(out)
+
+
+MOE_CASES = 14
+
+
+@pytest.mark.parametrize("case", range(MOE_CASES))
+def test_the_one_call_mixture_equals_the_per_expert_path(case):
+    """Randomized (experts 8-128, top-k 1-8, rows 1-16, 4-bit, MXFP4 and 8-bit experts,
+    SiLU, tanh GELU and gpt-oss's clamped SwiGLU, biases or none, either router): the C++
+    mixture in one call (csrc/moe.h), the model's Python path (router, grouped passes,
+    weighted sum) and every row computed alone with each expert's weight alone give the same
+    bits (float32 sums over bfloat16 activations)."""
+    rng = np.random.default_rng(case)
+    num_experts = int(rng.choice([8, 16, 32, 64, 128]))
+    top_k = int(rng.integers(1, 9))
+    rows = int(rng.integers(1, 17))
+    bits, table = FORMATS[case % len(FORMATS)]
+    act = ("silu", "gelu_tanh", "swiglu_clamped")[case % 3]
+    hidden, inter = 64, int(rng.choice([32, 64]))
+    c = ModelConfig(
+        architecture="gpt-oss" if act == "swiglu_clamped" else "qwen3moe",
+        vocab_size=32, hidden_size=hidden, intermediate_size=inter, num_layers=1,
+        num_heads=2, num_kv_heads=1, head_dim=32, num_experts=num_experts,
+        num_experts_per_tok=min(top_k, num_experts), moe_intermediate_size=inter,
+        hidden_act=act, router="topk_softmax" if case % 4 == 3 else "softmax_topk",
+        norm_topk_prob=bool(case % 2), expert_bias=bool(case % 5 < 2),
+        swiglu_limit=float(rng.uniform(0.5, 7.0)),
+    )  # fmt: skip
+    block = MoEBlock(c, torch.bfloat16).requires_grad_(False)
+    g = torch.Generator().manual_seed(case)
+    block.router.copy_(torch.randn(num_experts, hidden, generator=g))
+    for bias in (block.router_bias, block.experts.gate_up_bias, block.experts.down_bias):
+        if bias is not None:
+            bias.copy_(torch.randn(bias.shape, generator=g) * 0.1)
+    alone: dict[str, list] = {}
+    vector = PATHS[case % len(PATHS)]
+    for proj, (n, k) in (("gate_up", (2 * inter, hidden)), ("down", (hidden, inter))):
+        levels, d, m, _ = random_experts(num_experts, n, k, bits, case * 7 + n)
+        held = GroupedLowBitWeight(num_experts, (n, k), bits, table, vector=vector)
+        alone[proj] = []
+        for e in range(num_experts):
+            held.set(e, levels[e], d[e], m[e])
+            alone[proj].append(LowBitWeight(levels[e], d[e], m[e], bits, vector, table))
+        block.experts.quantized[proj] = held
+    x = (torch.randn(rows, hidden, generator=g) * 2).bfloat16()
+    with torch.inference_mode():
+        python = block(x, None)
+        block.fused = FusedLayerCalls()
+        one_call = block(x, None)
+        reference = per_expert_reference(block, x, alone)
+    assert torch.equal(one_call, python)
+    assert torch.equal(one_call, reference)
+    assert one_call.abs().max() > 0
+
+
+def test_the_one_call_mixture_refuses_what_it_cannot_take():
+    held = GroupedLowBitWeight(8, (64, 64), 4)
+    down = GroupedLowBitWeight(8, (64, 32), 4)
+    router = torch.randn(8, 64)
+    fused = FusedLayerCalls()
+    x = torch.randn(2, 64).bfloat16()
+    args = (router, held, down, (None, None, None), 2, False, 7.0, 1.702)
+    with pytest.raises(RuntimeError, match="contiguous bfloat16"):
+        fused.moe_mlp(x.float(), "silu", *args)
+    with pytest.raises(RuntimeError, match="top_k must be 1..experts"):
+        fused.moe_mlp(x, "silu", router, held, down, (None, None, None), 9, False, 7.0, 1.7)
+    with pytest.raises(RuntimeError, match="router must be float32"):
+        fused.moe_mlp(x, "silu", router.bfloat16(), *args[1:])
+    with pytest.raises(RuntimeError, match="not relu"):
+        fused.moe_mlp(x, "relu", *args)
+    levels, d, m, _ = random_experts(1, 64, 64, 4, 0)
+    assert not fused.accepts_experts(held, LowBitWeight(levels[0], d[0], m[0], 4))
+    assert not fused.accepts_experts(held, GroupedLowBitWeight(8, (64, 32), 4, vector=False))

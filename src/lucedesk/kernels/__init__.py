@@ -39,7 +39,7 @@ class Kernels(NamedTuple):
     greedy: Callable[[torch.Tensor], torch.Tensor]
     # A dense layer's halves around attention as one call each (cpu.FusedLayerCalls), or None
     fused: Any = None
-    # A dense model's layers as one call a step (cpu_stack.DenseStack), or None
+    # A model's layers as one call a step (cpu_stack.LayerStack), or None
     stack: type | None = None
 
 
@@ -84,7 +84,7 @@ def get_kernels(name: str) -> Kernels:
             write_kv_cpu,
         )
         from lucedesk.kernels.cpu_build import KernelUnavailable, load_cpu_ops
-        from lucedesk.kernels.cpu_stack import DenseStack
+        from lucedesk.kernels.cpu_stack import LayerStack
 
         try:
             load_cpu_ops()
@@ -101,7 +101,7 @@ def get_kernels(name: str) -> Kernels:
             grouped_linear_torch,
             greedy_cpu,
             FusedLayerCalls(),
-            DenseStack,
+            LayerStack,
         )
     if name == "triton":
         try:

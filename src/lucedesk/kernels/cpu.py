@@ -15,7 +15,7 @@ from lucedesk.kernels.checks import check_norm_args, check_rotary_args, require
 from lucedesk.kernels.cpu_build import load_cpu_ops
 from lucedesk.kernels.kv_storage import LayerKV, check_scales
 from lucedesk.kernels.metadata import AttentionMetadata
-from lucedesk.kernels.quantized import LowBitWeight
+from lucedesk.kernels.quantized import GroupedLowBitWeight, LowBitWeight
 
 # Where a step's new K/V rows go: (k_cache, v_cache, slot_mapping).
 CacheRows = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -175,6 +175,11 @@ class FusedLayerCalls:
         return all(isinstance(w, LowBitWeight) for w in weights)
 
     @staticmethod
+    def accepts_experts(*weights: object) -> bool:
+        grouped = all(isinstance(w, GroupedLowBitWeight) for w in weights)
+        return grouped and len({w.vector for w in weights}) == 1
+
+    @staticmethod
     def attention_input(
         x: torch.Tensor,
         residual: torch.Tensor | None,
@@ -212,4 +217,27 @@ class FusedLayerCalls:
         return load_cpu_ops().gated_mlp(
             x, residual, norm, eps, gate_up.q, gate_up.d, gate_up.m, gate_up.bits, gate_up.lut,
             down.q, down.d, down.m, down.bits, down.lut, down.vector,
+        )  # fmt: skip
+
+    @staticmethod
+    def moe_mlp(
+        h: torch.Tensor,
+        activation: str,
+        router: torch.Tensor,
+        gate_up: GroupedLowBitWeight,
+        down: GroupedLowBitWeight,
+        biases: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None],
+        top_k: int,
+        softmax_first: bool,
+        swiglu_limit: float,
+        swiglu_alpha: float,
+    ) -> torch.Tensor:
+        """h [T, H] (normed) -> a mixture of experts' output [T, H] (csrc/moe.h): the
+        float32 router's top k, the chosen experts' gate|up, activation and down, each
+        row's weighted sum in rank order. biases: router, gate|up, down."""
+        require(gate_up.vector == down.vector, "gate|up and down must take the same path")
+        return load_cpu_ops().moe_mlp(
+            h, router, [gate_up.q, gate_up.d, gate_up.m], [down.q, down.d, down.m],
+            [gate_up.bits, down.bits], [gate_up.lut, down.lut], list(biases), top_k,
+            softmax_first, activation, swiglu_limit, swiglu_alpha, down.vector,
         )  # fmt: skip

@@ -1,6 +1,7 @@
-"""A dense model's decoder layers as one C++ call a step (csrc/stack.h): per layer the
-norm and attention input, the K/V write, paged attention, the o projection and the gated
-MLP (SiLU or tanh GELU), with Gemma 3's float32 norms and its norms after attention and
+"""A model's decoder layers as one C++ call a step (csrc/stack.h): per layer the norm and
+attention input, the K/V write, paged attention, the o projection and the gated MLP (SiLU
+or tanh GELU) or the mixture of experts (csrc/moe.h: router, the chosen experts' low-bit
+matmuls, the weighted sum), with Gemma 3's float32 norms and its norms after attention and
 the MLP where a layer has them: the functions the per-layer calls run, in their order on
 their values, so the hidden states are theirs bit for bit. It takes a step when all of
 its attention runs in C++: caches on the CPU in the activations' dtype or 8-bit, and
@@ -16,23 +17,24 @@ from lucedesk.kernels.cpu import flash_prefill_takes
 from lucedesk.kernels.cpu_build import load_cpu_ops
 from lucedesk.kernels.kv_storage import LayerKV
 from lucedesk.kernels.metadata import AttentionMetadata
-from lucedesk.kernels.quantized import LowBitWeight
+from lucedesk.kernels.quantized import GroupedLowBitWeight, LowBitWeight
 
 
-class DenseStack:
+class LayerStack:
     """Built once per model (`add_layer` per layer, in order), called once per step."""
 
-    # The MLP activations it runs (the model config's hidden_act).
-    ACTIVATIONS = ("silu", "gelu_tanh")
+    # The MLP activations it runs (the model config's hidden_act); the clamped SwiGLU in
+    # experts only.
+    ACTIVATIONS = ("silu", "gelu_tanh", "swiglu_clamped")
 
     def __init__(
         self, eps: float, num_heads: int, num_kv_heads: int, vector: bool, activation: str
     ) -> None:
         load_cpu_ops()  # registers the class
-        require(activation in self.ACTIVATIONS, f"a dense stack's MLP cannot run {activation}")
+        require(activation in self.ACTIVATIONS, f"a layer stack's MLP cannot run {activation}")
         self.vector = vector
         self.num_layers = 0
-        self._stack = torch.classes.lucedesk_cpu.DenseStack(
+        self._stack = torch.classes.lucedesk_cpu.LayerStack(
             eps, num_heads, num_kv_heads, vector, activation
         )
 
@@ -42,11 +44,17 @@ class DenseStack:
         low_bit = all(isinstance(w, LowBitWeight) for w in weights)
         return low_bit and len({w.vector for w in weights}) == 1
 
+    @staticmethod
+    def accepts_experts(*weights: object, like: LowBitWeight) -> bool:
+        """Whether experts' weights can join a stack of `like`'s path."""
+        grouped = all(isinstance(w, GroupedLowBitWeight) for w in weights)
+        return grouped and all(w.vector == like.vector for w in weights)
+
     def add_layer(
         self,
         attn_norm: torch.Tensor,
         ffn_norm: torch.Tensor,
-        weights: tuple[LowBitWeight, LowBitWeight, LowBitWeight, LowBitWeight],
+        weights: tuple[LowBitWeight, ...],
         window: int,
         local: bool,
         qkv_bias: torch.Tensor | None = None,
@@ -54,22 +62,37 @@ class DenseStack:
         qk_norms: tuple[torch.Tensor, torch.Tensor] | None = None,
         sinks: torch.Tensor | None = None,
         out_norms: tuple[torch.Tensor, torch.Tensor] | None = None,
+        experts: tuple | None = None,
     ) -> None:
-        """weights: qkv, o, gate|up, down; `local` layers take the local rotary table;
+        """weights: qkv, o, gate|up, down, or qkv and o of a layer of `experts` (what
+        models/moe.MoEBlock.kernel_args gives); `local` layers take the local rotary table;
         out_norms (Gemma 3's sandwich) apply to the o projection's and the MLP's outputs.
         Norm weights are bfloat16 or float32."""
         require(
             self.accepts(*weights) and weights[0].vector == self.vector,
-            "a dense stack's weights are low-bit, all on the stack's path",
+            "a layer stack's weights are low-bit, all on the stack's path",
         )
+        require(len(weights) == (2 if experts else 4), "a layer's MLP is dense or experts")
         require(sinks is None or sinks.dtype == torch.float32, "sinks must be float32")
         q_norm, k_norm = qk_norms if qk_norms is not None else (None, None)
         attn_out, ffn_out = out_norms if out_norms is not None else (None, None)
         extras = [qkv_bias, o_bias, q_norm, k_norm, sinks, attn_out, ffn_out]
+        tensors = [[w.q, w.d, w.m] for w in weights] + [[], []][: 4 - len(weights)]
         self._stack.add_layer(
-            attn_norm, ffn_norm, *([w.q, w.d, w.m] for w in weights), [w.bits for w in weights],
-            [w.lut for w in weights], extras, window, local,
+            attn_norm, ffn_norm, *tensors, [w.bits for w in weights], [w.lut for w in weights],
+            extras, window, local,
         )  # fmt: skip
+        if experts is not None:
+            router, gate_up, down, biases, top_k, softmax_first, limit, alpha = experts
+            require(
+                self.accepts_experts(gate_up, down, like=weights[0]),
+                "a layer stack's experts are low-bit, on the stack's path",
+            )
+            self._stack.add_experts(
+                router, [gate_up.q, gate_up.d, gate_up.m], [down.q, down.d, down.m],
+                [gate_up.bits, down.bits], [gate_up.lut, down.lut], list(biases), top_k,
+                softmax_first, limit, alpha,
+            )  # fmt: skip
         self.num_layers += 1
 
     @staticmethod
@@ -93,7 +116,7 @@ class DenseStack:
     ) -> torch.Tensor:
         """x [T, H] embeddings -> the last layer's x + residual [T, H]. tables: cos, sin
         for global layers, then for local ones ([T, head_dim] each)."""
-        require(len(caches) == self.num_layers, "a dense stack takes one cache per layer")
+        require(len(caches) == self.num_layers, "a layer stack takes one cache per layer")
         return self._stack.forward(
             x, *tables, [kv.k for kv in caches], [kv.v for kv in caches],
             [kv.k_scale for kv in caches], [kv.v_scale for kv in caches], meta.slot_mapping,

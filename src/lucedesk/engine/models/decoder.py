@@ -71,6 +71,7 @@ class Attention(Protocol):
 # A weight in another format (int8, 4-bit): called on activations [M, K] -> [M, N].
 Projection = Callable[[torch.Tensor], torch.Tensor]
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+ATTENTION = PROJECTIONS[:2]
 # (layer or None for the LM head, projection) -> the file's blocks (GGUFFile.blocks).
 BlockSource = Callable[[int | None, str], Any]
 
@@ -128,7 +129,7 @@ class DecoderModel(nn.Module):
             )
         self.rotary = {FULL: full, SLIDING: local}
         self.kernels: Kernels = get_kernels("torch")
-        # All layers as one call a step (the kernels' DenseStack), where they take it.
+        # All layers as one call a step (the kernels' LayerStack), where they take it.
         self.stack: Any = None
         self.weight_format = "dtype"  # or "int8" / "q4" after quantize()
         # A GGUF file's blocks of one projection (see GGUFFile.blocks), for "q4" and "int8".
@@ -147,20 +148,27 @@ class DecoderModel(nn.Module):
 
     def _fuse(self) -> None:
         """Each layer whose shape and weights the kernels' fused calls take runs them; where
-        every layer is dense in bfloat16 with weights the kernels' stack takes, the stack
-        runs all layers as one call a step."""
+        every layer is in bfloat16 with weights the kernels' stack takes (low-bit, the
+        experts' too), the stack runs all layers as one call a step."""
         for layer in self.layers:
             layer.use_fused(self.kernels, self.dtype)
         self.stack = self._layer_stack()
 
     def _layer_stack(self) -> Any:
         c, stack_type, layers = self.config, self.kernels.stack, list(self.layers)
-        dense = self.dtype == torch.bfloat16 and all(layer.mlp is not None for layer in layers)
-        if stack_type is None or not dense or c.hidden_act not in stack_type.ACTIVATIONS:
+        if stack_type is None or self.dtype != torch.bfloat16:
             return None
-        weights = [tuple(layer.quantized.get(n) for n in PROJECTIONS) for layer in layers]
+        if c.hidden_act not in stack_type.ACTIVATIONS:
+            return None
+        if any(layer.mlp is not None for layer in layers) and c.hidden_act == "swiglu_clamped":
+            return None  # the stack's dense MLP is a SiLU or GELU gate
+        weights = [
+            tuple(layer.quantized.get(n) for n in (PROJECTIONS if layer.moe is None else ATTENTION))
+            for layer in layers
+        ]
+        experts = [w for layer in layers if layer.moe for w in layer.moe.kernel_args()[1:3]]
         held = [w for ws in weights for w in ws]
-        if not stack_type.accepts(*held):
+        if not stack_type.accepts(*held) or not stack_type.accepts_experts(*experts, like=held[0]):
             return None
         stack = stack_type(
             c.rms_norm_eps, c.num_heads, c.num_kv_heads, held[0].vector, c.hidden_act
@@ -171,6 +179,7 @@ class DecoderModel(nn.Module):
                 layer.qkv_bias, layer.o_bias,
                 (layer.q_norm, layer.k_norm) if c.qk_norm else None, layer.sinks,
                 (layer.attn_out_norm, layer.ffn_out_norm) if c.sandwich_norms else None,
+                layer.moe.kernel_args() if layer.moe is not None else None,
             )  # fmt: skip
         return stack
 
@@ -265,10 +274,17 @@ class DecoderLayer(nn.Module):
 
     def use_fused(self, kernels: Kernels, dtype: torch.dtype) -> None:
         """Takes the kernels' fused calls for each half they take: bfloat16, norms in that
-        dtype, weights in the form the calls multiply, and for the MLP a dense SiLU gate."""
+        dtype, weights in the form the calls multiply, and for the MLP a dense SiLU gate or
+        low-bit experts."""
         c, fused = self.c, kernels.fused
         self.fused_input = self.fused_mlp = None
-        if fused is None or dtype != torch.bfloat16 or c.float32_norms:
+        if fused is None or dtype != torch.bfloat16:
+            if self.moe is not None:
+                self.moe.fused = None
+            return
+        if self.moe is not None:  # after the norm, whatever its dtype
+            self.moe.fused = fused if fused.accepts_experts(*self.moe.kernel_args()[1:3]) else None
+        if c.float32_norms:
             return
         if fused.accepts(self.quantized.get("qkv_proj")):
             self.fused_input = fused

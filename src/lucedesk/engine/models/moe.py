@@ -12,7 +12,7 @@ Nothing a row computes depends on the other rows, so batching changes no token's
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -94,6 +94,9 @@ class MoEBlock(nn.Module):
     def __init__(self, c: ModelConfig, dtype: torch.dtype) -> None:
         super().__init__()
         self.c = c
+        # The kernels' one-call mixture (cpu.FusedLayerCalls.moe_mlp) where it takes the
+        # experts' weights: the arithmetic of `forward` below, without its ~25 calls.
+        self.fused: Any = None
         # The router is tiny (experts x hidden) and runs in float32: a small matmul in bf16
         # costs more than the whole float32 one.
         self.router = nn.Parameter(torch.empty(c.num_experts, c.hidden_size))
@@ -104,7 +107,7 @@ class MoEBlock(nn.Module):
         """x: [T, H] -> (weights [T, k] in x's dtype, expert ids [T, k]), best first."""
         c = self.c
         logits = F.linear(x.float(), self.router, self.router_bias)  # [T, E]
-        if c.router == "softmax_topk" and not c.norm_topk_prob:
+        if self.softmax_first():
             probs = torch.softmax(logits, dim=-1)
             weights, ids = torch.topk(probs, c.num_experts_per_tok, dim=-1)
             return weights.to(x.dtype), ids
@@ -112,8 +115,25 @@ class MoEBlock(nn.Module):
         top, ids = torch.topk(logits, c.num_experts_per_tok, dim=-1)
         return torch.softmax(top, dim=-1).to(x.dtype), ids
 
+    def softmax_first(self) -> bool:
+        """Whether the router's softmax runs over every expert before the top k (else over
+        the top k logits)."""
+        return self.c.router == "softmax_topk" and not self.c.norm_topk_prob
+
+    def kernel_args(self) -> tuple:
+        """What the kernels' one-call mixture takes (cpu.FusedLayerCalls.moe_mlp, the layer
+        stack's add_experts): router, gate|up, down, biases, top k, softmax_first, clamp."""
+        c, experts = self.c, self.experts
+        biases = (self.router_bias, experts.gate_up_bias, experts.down_bias)
+        return (
+            self.router, experts.quantized.get("gate_up"), experts.quantized.get("down"),
+            biases, c.num_experts_per_tok, self.softmax_first(), c.swiglu_limit, c.swiglu_alpha,
+        )  # fmt: skip
+
     def forward(self, x: torch.Tensor, kernels: Kernels) -> torch.Tensor:
         """x: [T, H] -> [T, H]."""
+        if self.fused is not None:
+            return self.fused.moe_mlp(x, self.c.hidden_act, *self.kernel_args())
         weights, ids = self.route(x)
         pairs = self.experts(x, ids, kernels)  # [T, k, H]
         out = pairs[:, 0] * weights[:, :1]

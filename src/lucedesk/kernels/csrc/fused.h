@@ -135,8 +135,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_input(
   return {qh, kh, vh, residual_out};
 }
 
-// The activations a gated MLP takes: F.silu(gate) * up, F.gelu(gate, approximate="tanh") * up.
-enum class Gate : int64_t { kSilu = 0, kGeluTanh = 1 };
+// The activations a gated MLP takes: F.silu(gate) * up, F.gelu(gate, approximate="tanh") * up,
+// and (experts only, moe.h) gpt-oss's clamped SwiGLU.
+enum class Gate : int64_t { kSilu = 0, kGeluTanh = 1, kSwigluClamped = 2 };
 
 // h [T, H] (normed) -> down(act(gate) * up) [T, H], gate|up one matmul of 2I outputs (gate
 // first), with the values of the ATen ops the model's Python runs. With the vector kernels

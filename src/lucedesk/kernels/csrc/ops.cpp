@@ -19,6 +19,7 @@
 #include "kv_write.h"
 #include "layers.h"
 #include "lowbit.h"
+#include "moe.h"
 #include "prefill.h"
 #include "sampling.h"
 #include "stack.h"
@@ -69,8 +70,14 @@ TORCH_LIBRARY(lucedesk_cpu, m) {
       "Tensor gu_m, int gu_bits, Tensor? gu_lut, Tensor down_q, Tensor down_d, Tensor down_m, "
       "int down_bits, Tensor? down_lut, bool vector) -> (Tensor, Tensor)",
       &gated_mlp);
-  m.class_<DenseStack>("DenseStack")
+  m.def(
+      "moe_mlp(Tensor h, Tensor router, Tensor[] gate_up, Tensor[] down, int[] bits, "
+      "Tensor?[] luts, Tensor?[] biases, int top_k, bool softmax_first, str activation, "
+      "float swiglu_limit, float swiglu_alpha, bool vector) -> Tensor",
+      &moe_mlp);
+  m.class_<LayerStack>("LayerStack")
       .def(torch::init<double, int64_t, int64_t, bool, std::string>())
-      .def("add_layer", &DenseStack::add_layer)
-      .def("forward", &DenseStack::forward);
+      .def("add_layer", &LayerStack::add_layer)
+      .def("add_experts", &LayerStack::add_experts)
+      .def("forward", &LayerStack::forward);
 }

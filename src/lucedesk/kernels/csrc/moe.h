@@ -1,0 +1,134 @@
+// A mixture of experts' MLP as one call: the router (float32), the top k experts of every
+// row and their weights, the selected experts' gate|up matmul (lowbit_moe_linear: each
+// chosen expert's blocks read once for all the rows that chose it), the biases, the
+// activation, the down matmul and each row's weighted sum in the order the router ranked
+// its experts. The ATen ops and kernels are those models/moe.py's MoEBlock runs, in its
+// order on its values, so the result has its bits; what the call saves is the Python and
+// dispatch between ~25 small calls a layer, which at one decode row cost more than the
+// experts' memory traffic.
+#pragma once
+
+#include "fused.h"  // LowBitArgs, Gate
+#include "lowbit.h"
+
+namespace {
+
+// How the router's logits become the top k weights: softmax over every expert then the top
+// k (Qwen3-MoE without norm_topk_prob), or the top k logits then their softmax (the same
+// as renormalizing over the top k; gpt-oss).
+struct MoEArgs {
+  at::Tensor router;  // [E, H] float32
+  std::optional<at::Tensor> router_bias, gate_up_bias, down_bias;  // [E], [E, 2I], [E, H]
+  LowBitArgs gate_up, down;  // q [E, N/16, K/32, 64 bits], d and m float32
+  int64_t top_k;
+  bool softmax_first;
+  Gate gate;
+  double swiglu_limit, swiglu_alpha;
+};
+
+// gate|up [P, 2I] (gate first) -> [P, I], as models/moe.py's `gated`.
+at::Tensor gated_pairs(const at::Tensor& gate_up, const MoEArgs& moe) {
+  auto halves = gate_up.chunk(2, -1);
+  at::Tensor gate = halves[0], up = halves[1];
+  if (moe.gate == Gate::kSilu) return at::mul(at::silu(gate), up);
+  if (moe.gate == Gate::kGeluTanh) return at::mul(at::gelu(gate, "tanh"), up);
+  // swiglu_clamped: both halves clamped, up shifted by one
+  gate = at::clamp(gate, std::nullopt, moe.swiglu_limit);
+  up = at::clamp(up, -moe.swiglu_limit, moe.swiglu_limit);
+  return at::mul(at::add(up, 1), at::mul(gate, at::sigmoid(at::mul(gate, moe.swiglu_alpha))));
+}
+
+void check_moe(const at::Tensor& h, const MoEArgs& moe) {
+  TORCH_CHECK(h.dim() == 2 && h.is_contiguous() && h.scalar_type() == at::kBFloat16,
+              "moe mlp: h must be contiguous bfloat16 [T, H]");
+  const int64_t E = moe.router.size(0);
+  TORCH_CHECK(moe.router.dim() == 2 && moe.router.scalar_type() == at::kFloat &&
+                  moe.router.size(1) == h.size(1),
+              "moe mlp: the router must be float32 [experts, H]");
+  TORCH_CHECK(moe.top_k >= 1 && moe.top_k <= E, "moe mlp: top_k must be 1..experts");
+  TORCH_CHECK(moe.gate_up.q.dim() == 4 && moe.down.q.dim() == 4 && moe.gate_up.q.size(0) == E &&
+                  moe.down.q.size(0) == E,
+              "moe mlp: gate|up and down hold one weight per expert");
+  TORCH_CHECK(moe.gate_up.d.scalar_type() == at::kFloat && moe.down.d.scalar_type() == at::kFloat,
+              "moe mlp: the experts' group scales are float32");
+  for (const auto& bias : {moe.gate_up_bias, moe.down_bias})
+    TORCH_CHECK(!bias.has_value() || (bias->dim() == 2 && bias->size(0) == E &&
+                                      bias->scalar_type() == at::kBFloat16),
+                "moe mlp: expert biases are bfloat16 [experts, outputs]");
+}
+
+// h [T, H] (normed) -> the mixture's output [T, H].
+at::Tensor moe_output(const at::Tensor& h, const MoEArgs& moe, bool vector) {
+  check_moe(h, moe);
+  const int64_t T = h.size(0), k = moe.top_k;
+  const at::Tensor logits = at::linear(h.to(at::kFloat), moe.router, moe.router_bias);
+  at::Tensor weights, ids;
+  if (moe.softmax_first) {
+    std::tie(weights, ids) = at::topk(at::softmax(logits, -1), k, -1);
+  } else {
+    at::Tensor top;
+    std::tie(top, ids) = at::topk(logits, k, -1);
+    weights = at::softmax(top, -1);
+  }
+  weights = weights.to(h.scalar_type());
+  const at::Tensor flat = ids.reshape({-1}).contiguous();  // pair p: row p / k, expert flat[p]
+  const at::Tensor rows = at::arange(T, flat.options()).repeat_interleave(k);
+  const LowBitArgs& gu = moe.gate_up;
+  at::Tensor pairs = lowbit_moe_linear(h, rows, flat, gu.q, gu.d, gu.m, gu.bits, vector, gu.lut);
+  if (moe.gate_up_bias.has_value()) pairs = at::add(pairs, moe.gate_up_bias->index({flat}));
+  const LowBitArgs& dn = moe.down;
+  at::Tensor y = lowbit_moe_linear(gated_pairs(pairs, moe).contiguous(), std::nullopt, flat, dn.q,
+                                   dn.d, dn.m, dn.bits, vector, dn.lut);
+  if (moe.down_bias.has_value()) y = at::add(y, moe.down_bias->index({flat}));
+  y = y.view({T, k, -1});
+  // In rank order, whatever else is in the batch.
+  at::Tensor out = at::mul(y.select(1, 0), weights.narrow(1, 0, 1));
+  for (int64_t j = 1; j < k; ++j)
+    out = at::add(out, at::mul(y.select(1, j), weights.narrow(1, j, 1)));
+  return out;
+}
+
+Gate gate_named(const std::string& activation) {
+  if (activation == "silu") return Gate::kSilu;
+  if (activation == "gelu_tanh") return Gate::kGeluTanh;
+  TORCH_CHECK(activation == "swiglu_clamped", "an MLP's activation is silu, gelu_tanh or ",
+              "swiglu_clamped, not ", activation);
+  return Gate::kSwigluClamped;
+}
+
+// The experts' weights as lists from Python: (q, d, m) for gate|up then down, their bits and
+// level tables, the biases (router, gate|up, down).
+MoEArgs moe_args(at::Tensor router, std::vector<at::Tensor> gate_up, std::vector<at::Tensor> down,
+                 std::vector<int64_t> bits, c10::List<std::optional<at::Tensor>> luts,
+                 c10::List<std::optional<at::Tensor>> biases, int64_t top_k, bool softmax_first,
+                 Gate gate, double swiglu_limit, double swiglu_alpha) {
+  TORCH_CHECK(gate_up.size() == 3 && down.size() == 3 && bits.size() == 2 && luts.size() == 2 &&
+                  biases.size() == 3,
+              "moe mlp: two weights (q, d, m each), their bits and tables, and three biases "
+              "(router, gate|up, down)");
+  return MoEArgs{router,
+                 biases.get(0),
+                 biases.get(1),
+                 biases.get(2),
+                 LowBitArgs{gate_up[0], gate_up[1], gate_up[2], bits[0], luts.get(0)},
+                 LowBitArgs{down[0], down[1], down[2], bits[1], luts.get(1)},
+                 top_k,
+                 softmax_first,
+                 gate,
+                 swiglu_limit,
+                 swiglu_alpha};
+}
+
+at::Tensor moe_mlp(const at::Tensor& h, at::Tensor router, std::vector<at::Tensor> gate_up,
+                   std::vector<at::Tensor> down, std::vector<int64_t> bits,
+                   c10::List<std::optional<at::Tensor>> luts,
+                   c10::List<std::optional<at::Tensor>> biases, int64_t top_k, bool softmax_first,
+                   std::string activation, double swiglu_limit, double swiglu_alpha,
+                   bool vector) {
+  return moe_output(h,
+                    moe_args(router, gate_up, down, bits, luts, biases, top_k, softmax_first,
+                             gate_named(activation), swiglu_limit, swiglu_alpha),
+                    vector);
+}
+
+}  // namespace
