@@ -163,21 +163,25 @@ def test_int8_kv_holds_twice_the_tokens():
     assert 1.85 < eight / plain < 1.9  # 128 / 68 bytes a row
 
 
-def test_profiles_command_says_what_the_pool_and_the_disk_cache_hold(
+def test_profiles_command_says_what_the_pool_and_the_disk_caches_hold(
     tiny_llama, capsys, tmp_path, monkeypatch
 ):
     from lucedesk.cli import main
     from lucedesk.engine.disk_cache import disk_cache_root
 
     monkeypatch.setenv("LUCEDESK_KV_CACHE", str(tmp_path / "kv"))
+    monkeypatch.setenv("LUCEDESK_WEIGHT_CACHE", str(tmp_path / "weights"))
     folder = disk_cache_root() / "some-model"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "a.kv").write_bytes(b"\0" * 20_000_000)
+    (tmp_path / "weights").mkdir()
+    (tmp_path / "weights" / "m.weights.pt").write_bytes(b"\0" * 30_000_000)
     try:
         assert main(["profiles", "--profile", "cpu", "--model", str(tiny_llama)]) == 0
         out = capsys.readouterr().out
         assert "reserved, not written" in out
         assert f"prefix cache on disk     0.02 of 8 GB in {tmp_path / 'kv'} " in out
+        assert f"held weights on disk     0.03 of 32 GB in {tmp_path / 'weights'}" in out
         assert "(prompts of 1024+ tokens)" in out
         assert (
             main(["profiles", "--profile", "cpu", "--model", str(tiny_llama), "--no-disk-cache"])

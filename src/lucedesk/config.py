@@ -52,6 +52,10 @@ class EngineConfig:
     # disk_cache_min_tokens, kept across restarts in lucedesk's cache folder, all models'
     # together at most disk_cache_gb (the least recently used go first); 0 = none.
     disk_cache_gb: float = 0.0
+    # The weights as the CPU kernels hold them (repacked from a GGUF file's blocks), kept
+    # in lucedesk's cache folder and mapped at later starts (engine/weight_cache.py), all
+    # models' together at most weight_cache_gb; 0 = packed at every start.
+    weight_cache_gb: float = 0.0
     disk_cache_min_tokens: int = 1024
     # Prompt-lookup speculation (engine/speculation.py): the default for requests that do
     # not say, and the longest draft a step verifies for one request.
@@ -101,9 +105,10 @@ class EngineConfig:
         slowdown = self.decode_slowdown
         if not isinstance(slowdown, int | float) or not (slowdown == 0 or slowdown > 1):
             raise fail("decode_slowdown", "must be 0 (fixed chunks) or a number above 1")
-        disk = self.disk_cache_gb
-        if not isinstance(disk, int | float) or isinstance(disk, bool) or disk < 0:
-            raise fail("disk_cache_gb", "must be a number of GB >= 0 (0: no cache on disk)")
+        for key in ("disk_cache_gb", "weight_cache_gb"):
+            size = getattr(self, key)
+            if not isinstance(size, int | float) or isinstance(size, bool) or size < 0:
+                raise fail(key, "must be a number of GB >= 0 (0: no cache on disk)")
         if not 0.0 < self.kv_memory_fraction <= 0.95:
             raise fail("kv_memory_fraction", "must be in (0, 0.95]")
         if self.dtype not in DTYPES:

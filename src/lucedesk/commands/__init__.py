@@ -185,7 +185,19 @@ def show_profiles(args: argparse.Namespace) -> int:
     print(f"  context limit            {max_len} tokens")
     print(f"  full-length contexts     {pool // max_len} at once (of {config.max_slots} slots)")
     print(f"  prefix cache on disk     {disk_cache_line(config)}")
+    print(f"  held weights on disk     {weight_cache_line(config)}")
     return 0
+
+
+def weight_cache_line(config) -> str:
+    """What the held weights kept on disk take and may take, or that none are kept."""
+    from lucedesk.engine import weight_cache_root
+
+    if not config.weight_cache_gb:
+        return "off"
+    root = weight_cache_root()
+    used = sum(p.stat().st_size for p in root.glob("*.weights.pt")) if root.is_dir() else 0
+    return f"{used / 1e9:.2f} of {config.weight_cache_gb:g} GB in {root}"
 
 
 def disk_cache_line(config) -> str:

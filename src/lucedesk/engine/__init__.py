@@ -37,6 +37,7 @@ if TYPE_CHECKING:
         launch_engine,
         resolve_device,
         resolve_dtype,
+        weight_cache_root,
     )
     from lucedesk.engine.memory import (
         available_memory,
@@ -55,6 +56,7 @@ _BUILD_NAMES = (
     "launch_engine",
     "resolve_device",
     "resolve_dtype",
+    "weight_cache_root",
 )
 _MEMORY_NAMES = ("available_memory", "dtype_name", "fit_now", "return_free_memory", "unreadable")
 
@@ -95,6 +97,7 @@ __all__ = [
     "resolve_device",
     "resolve_dtype",
     "launch_engine",
+    "weight_cache_root",
 ]
 
 

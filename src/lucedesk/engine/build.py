@@ -15,6 +15,7 @@ import torch
 from lucedesk.catalog.fingerprint import model_fingerprint
 from lucedesk.catalog.fit import check_fits, derive_pool_tokens, kv_bytes_per_token
 from lucedesk.config import EngineConfig
+from lucedesk.engine import weight_cache
 from lucedesk.engine.device import resolve_device, resolve_dtype
 from lucedesk.engine.disk_cache import DiskPrefixCache, disk_cache_root, model_key
 from lucedesk.engine.engine import Engine, ModelInfo
@@ -29,6 +30,7 @@ from lucedesk.engine.models.gguf_blocks import FOUR_BIT_TYPES, LOW_BIT_TYPES
 from lucedesk.engine.models.loader import LoadedModel, load_model
 from lucedesk.engine.runner import TorchSeqEngine
 from lucedesk.engine.scheduler import Scheduler
+from lucedesk.engine.weight_cache import weight_cache_root  # noqa: F401 (the front door's)
 from lucedesk.errors import ConfigError
 from lucedesk.kernels import resolve_kernels
 
@@ -94,10 +96,32 @@ def build_engine(
         free = available_memory(device, config.unified_memory)
         what = name or path.name
         check_fits(summarize_path(path), config, device.type, dtype_name(dtype), free, what)
+    # Held weights from an earlier start, mapped (engine/weight_cache.py), where kept.
+    cache = held_weights_file(path, config, device, dtype)
+    cached = cache is not None and cache.is_file()
+    read = dict(name=name, chat_template=chat_template, lazy_experts=True)
+    loaded = load_model(path, dtype, read_weights=not cached, **read)
+    if cached and not weight_cache.load(loaded.model, cache):
+        cached = False
+        loaded = load_model(path, dtype, **read)
     # A GGUF mixture's experts stay in the file until their format is chosen (assemble).
-    loaded = load_model(path, dtype, lazy_experts=True, name=name, chat_template=chat_template)
     loaded.model.to(device)
-    return assemble(loaded, config, device)
+    built = assemble(loaded, config, device)
+    if cache is not None and not cached and built.weights in ("q4", "int8"):
+        weight_cache.save_in_background(loaded.model, cache, config.weight_cache_gb)
+    return built
+
+
+def held_weights_file(
+    path: Path, config: EngineConfig, device: torch.device, dtype: torch.dtype
+) -> Path | None:
+    """Where a GGUF file's weights as the CPU kernels hold them are kept, or None where
+    they are not (no weight cache, another device or kernels)."""
+    if not (config.weight_cache_gb > 0 and device.type == "cpu" and path.is_file()):
+        return None
+    if resolve_kernels(config.kernels, device) != "cpu":
+        return None
+    return weight_cache.cache_file(path, config.weights, dtype)
 
 
 def kernel_build_notice(config: EngineConfig) -> str | None:

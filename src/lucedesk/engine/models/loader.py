@@ -45,6 +45,7 @@ def load_model(
     lazy_experts: bool = False,
     name: str | None = None,
     chat_template: str | None = None,
+    read_weights: bool = True,
 ) -> LoadedModel:
     """A `.gguf` file (a split model's first part) or a Hugging Face folder (config.json,
     *.safetensors, tokenizer.json); `name` is what it is called (default: the file's own
@@ -52,7 +53,8 @@ def load_model(
 
     A GGUF mixture of experts keeps its expert weights in the file with `lazy_experts`
     until the engine picks their format (build.apply_weight_format); otherwise they are
-    read densely in `dtype` here."""
+    read densely in `dtype` here. Without `read_weights` (a GGUF file whose held weights
+    come from engine/weight_cache.py) the model's parameters are left unread."""
     path = Path(path).expanduser()
     started = time.perf_counter()
     if not path.exists():
@@ -65,7 +67,7 @@ def load_model(
         gguf = GGUFFile(path)
         config = gguf.model_config()
         tokenizer = tok.from_gguf(gguf)
-        weights = gguf.weights(config)
+        weights = gguf.weights(config) if read_weights else None
         quantization = _gguf_file_type(gguf.get("general.file_type"))
     else:
         raise ModelLoadError(f"{path}: neither a .gguf file nor a Hugging Face folder")
@@ -78,8 +80,9 @@ def load_model(
         model.block_source = functools.partial(gguf.blocks, config)
         if config.is_moe:
             model.expert_source = GGUFExperts(gguf)
-    load_weights(model, weights, str(path))
-    if model.expert_source is not None and not lazy_experts:
+    if weights is not None:
+        load_weights(model, weights, str(path))
+    if model.expert_source is not None and not lazy_experts and weights is not None:
         materialize_dense(model)
     model.eval()
     seconds = time.perf_counter() - started
