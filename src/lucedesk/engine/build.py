@@ -355,7 +355,8 @@ def _maker(
             how = "at 8 bits from their values"
         elif blocks is not None and blocks.bits is not None:
             bits = blocks.bits if wanted == "q4" else 8
-            made = LowBitWeight(*blocks.levels, bits=bits)
+            levels, d, m, *factors = blocks.levels
+            made = LowBitWeight(levels, d, m, bits=bits, factors=tuple(factors) or None)
             how = f"at {bits} bits as the file's levels"
         else:
             made = LowBitWeight.from_float(w)

@@ -33,7 +33,7 @@ from lucedesk.engine.models.decoder import DecoderModel
 
 log = logging.getLogger(__name__)
 
-PACKING = 1  # the held layouts' version: a change to them makes older files foreign
+PACKING = 2  # the held layouts' version: a change to them makes older files foreign
 SUFFIX = ".weights.pt"
 
 
@@ -60,7 +60,7 @@ def cache_file(model_path: Path, weights: str, dtype: torch.dtype) -> Path:
 def held_state(model: DecoderModel) -> dict:
     """The model's parameters that hold values and its held weights, as tensors and the
     attributes that rebuild them."""
-    from lucedesk.kernels.quantized import packed_state
+    from lucedesk.kernels.held_state import packed_state
 
     params = {name: p.data for name, p in model.named_parameters() if p.numel()}
     held = {}
@@ -78,7 +78,7 @@ def held_state(model: DecoderModel) -> dict:
 def restore(model: DecoderModel, state: dict) -> None:
     """The model's weights from `held_state`'s dict: parameters the state does not hold
     are emptied (they were released when the weights were packed)."""
-    from lucedesk.kernels.quantized import from_packed_state
+    from lucedesk.kernels.held_state import from_packed_state
 
     params = state["params"]
     for name, p in model.named_parameters():

@@ -22,8 +22,17 @@ import torch
 
 from lucedesk.kernels.checks import require
 from lucedesk.kernels.cpu_build import KernelUnavailable, load_cpu_ops
+from lucedesk.kernels.scales import (
+    GROUP,
+    channel_blocks,
+    channel_rows,
+    compact_scales,
+    exact_factors,
+    kquant_fits,
+    kquant_scales,
+    scale_rows,
+)
 
-GROUP = 32
 ROWS_AT_ONCE = 4096  # bounds the float copies while quantizing a big LM head
 # MXFP4 (e2m1) codes as levels: code c is 2 * value(c) + 12, so with d = scale / 2 and
 # m = -12 d, w = d * level + m is exactly the code's value times the block's scale.
@@ -107,28 +116,6 @@ def eight_bit(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
     q, d, m = quantize_rows(weight)
     levels = (q.to(torch.int16) + 128).to(torch.uint8).view(weight.shape)
     return levels, d, m - 128 * d
-
-
-def channel_blocks(scales: torch.Tensor) -> torch.Tensor:
-    """Group scales [N, K / 32] -> the kernels' [N / 16, K / 32, 16]: for each block of 16
-    channels and each group, the 16 channels' scales side by side."""
-    n, groups = scales.shape
-    return scales.float().reshape(n // 16, 16, groups).transpose(1, 2).contiguous()
-
-
-def channel_rows(blocks: torch.Tensor) -> torch.Tensor:
-    """`channel_blocks` undone: [N / 16, K / 32, 16] -> [N, K / 32] float32."""
-    return blocks.float().transpose(1, 2).reshape(-1, blocks.shape[1])
-
-
-def compact_scales(d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The group scales as float16 where every one is a float16 value (a Q4_0 or Q4_1
-    file's are), else as they are: the kernels widen them exactly, so the results are the
-    same bits for a quarter fewer bytes a 4-bit weight."""
-    d16, m16 = d.half(), m.half()
-    if torch.equal(d16.float(), d) and torch.equal(m16.float(), m):
-        return d16, m16
-    return d, m
 
 
 def affine(levels: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
@@ -258,13 +245,19 @@ class LowBitWeight(_LowBit):
         bits: int,
         vector: bool | None = None,
         table: tuple[int, ...] | None = None,
+        factors: tuple[torch.Tensor, ...] | None = None,
     ) -> None:
         """levels: uint8 [N, K] below 2**bits (with `table`: nibbles indexing it); d, m:
-        float32 [N, K / 32]."""
+        float32 [N, K / 32]; `factors` (a K-quant's, see gguf_blocks.Levels), where they
+        give d and m exactly, are held in their stead (0.59 bytes a 4-bit weight)."""
         super().__init__(bits, table, vector)
         self.shape = tuple(levels.shape)
-        self.q, d, m = pack_levels(levels, d, m, bits)
-        self.d, self.m = compact_scales(d, m)
+        if exact_factors(d, m, factors):
+            self.q = pack_levels(levels, d, m, bits)[0]
+            self.d, self.m = kquant_scales(*factors[:2]), kquant_scales(*factors[2:])
+        else:
+            self.q, d, m = pack_levels(levels, d, m, bits)
+            self.d, self.m = compact_scales(d, m)
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, vector: bool | None = None) -> LowBitWeight:
@@ -277,7 +270,8 @@ class LowBitWeight(_LowBit):
 
     def dequantize(self) -> torch.Tensor:
         """[N, K] float32: d * level + m."""
-        return affine(self.levels(), channel_rows(self.d), channel_rows(self.m))
+        k = self.shape[1]
+        return affine(self.levels(), scale_rows(self.d, k), scale_rows(self.m, k))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [M, K] bfloat16 -> [M, N] bfloat16."""
@@ -298,24 +292,52 @@ class GroupedLowBitWeight(_LowBit):
         bits: int,
         table: tuple[int, ...] | None = None,
         vector: bool | None = None,
+        kquant: bool = False,
     ) -> None:
+        """`kquant`: every expert comes with K-quant factors (`set`), held in the stead of
+        d and m."""
         n, k = shape
         require(fits(shape), f"low-bit weights need N % 16 == 0 and K % 32 == 0, got {n}x{k}")
+        require(not kquant or kquant_fits(k), "K-quant scales need K % 256 == 0")
         super().__init__(bits, table, vector)
         self.num_experts, self.shape = num_experts, (n, k)
         self.q = torch.zeros(num_experts, n // 16, k // 32, 64 * bits, dtype=torch.uint8)
-        self.d = torch.zeros(num_experts, n // 16, k // 32, 16)
+        if kquant:
+            self.d = torch.zeros(num_experts, n // 16, k // 32 * 24, dtype=torch.uint8)
+        else:
+            self.d = torch.zeros(num_experts, n // 16, k // 32, 16)
         self.m = torch.zeros_like(self.d)
 
-    def set(self, expert: int, levels: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> None:
-        """One expert's levels (uint8 [N, K]) and group scales (float32 [N, K / 32])."""
+    @property
+    def kquant(self) -> bool:
+        return self.d.dtype == torch.uint8
+
+    def set(
+        self,
+        expert: int,
+        levels: torch.Tensor,
+        d: torch.Tensor,
+        m: torch.Tensor,
+        *factors: torch.Tensor,
+    ) -> None:
+        """One expert's levels (uint8 [N, K]) and group scales (float32 [N, K / 32]), and
+        where the weight holds K-quant scales their factors (gguf_blocks.Levels)."""
         require(tuple(levels.shape) == self.shape, f"expert weights must be {self.shape}")
-        self.q[expert], self.d[expert], self.m[expert] = pack_levels(levels, d, m, self.bits)
+        self.q[expert], d_blocks, m_blocks = pack_levels(levels, d, m, self.bits)
+        if self.kquant:
+            require(exact_factors(d, m, factors), "K-quant factors must give d and m exactly")
+            self.d[expert], self.m[expert] = (
+                kquant_scales(*factors[:2]),
+                kquant_scales(*factors[2:]),
+            )
+        else:
+            self.d[expert], self.m[expert] = d_blocks, m_blocks
 
     def dequantize(self, expert: int) -> torch.Tensor:
         """One expert's [N, K] float32 weight."""
         levels = unpack_levels(self.q[expert], self.bits, *self.shape, self.lut)
-        return affine(levels, channel_rows(self.d[expert]), channel_rows(self.m[expert]))
+        k = self.shape[1]
+        return affine(levels, scale_rows(self.d[expert], k), scale_rows(self.m[expert], k))
 
     def __call__(
         self, x: torch.Tensor, experts: torch.Tensor, rows: torch.Tensor | None = None
@@ -334,44 +356,3 @@ class GroupedLowBitWeight(_LowBit):
             self.vector,
             self.lut,
         )
-
-
-HELD = {cls.__name__: cls for cls in (Int8Weight, LowBitWeight, GroupedLowBitWeight)}
-
-
-def packed_state(weight: QuantizedWeight) -> tuple[dict[str, torch.Tensor], dict]:
-    """A held weight as its tensors (levels, scales, level table) and what else rebuilds it
-    (`from_packed_state`): what a cache of held weights stores."""
-    tensors = {"q": weight.q, "d": weight.d, "m": weight.m}
-    attrs: dict = {"kind": type(weight).__name__, "shape": list(weight.shape)}
-    if isinstance(weight, Int8Weight):
-        attrs["tiles"] = weight.tiles
-    else:
-        attrs |= {"bits": weight.bits, "vector": weight.vector}
-        if weight.lut is not None:
-            tensors["lut"] = weight.lut
-    if isinstance(weight, GroupedLowBitWeight):
-        attrs["num_experts"] = weight.num_experts
-    return tensors, attrs
-
-
-def from_packed_state(tensors: dict[str, torch.Tensor], attrs: dict) -> QuantizedWeight:
-    """The held weight `packed_state` described, on its tensors as they are (a mapped file's
-    included): nothing is packed again. The kernels it names must run here (an 8-bit weight
-    on AMX tiles needs them; the VNNI path needs VNNI)."""
-    cls = HELD[attrs["kind"]]
-    weight = cls.__new__(cls)
-    weight.q, weight.d, weight.m = tensors["q"], tensors["d"], tensors["m"]
-    weight.shape = tuple(attrs["shape"])
-    if cls is Int8Weight:
-        require(not attrs["tiles"] or int8_tiles_available(), "no AMX tiles here")
-        weight.tiles = attrs["tiles"]
-        ops = load_cpu_ops()
-        weight._matmul = ops.int8_linear_tiles if weight.tiles else ops.int8_linear
-        return weight
-    require(not attrs["vector"] or lowbit_vector_available(), "no AVX512-VNNI here")
-    weight._ops = load_cpu_ops()
-    weight.bits, weight.vector, weight.lut = attrs["bits"], attrs["vector"], tensors.get("lut")
-    if cls is GroupedLowBitWeight:
-        weight.num_experts = attrs["num_experts"]
-    return weight

@@ -43,10 +43,14 @@ class GGUFExperts:
         found = [self.gguf.expert_levels(t, expert) for t in parts]
         if len({(lv.bits, lv.table) for lv in found}) != 1:
             return None
+        factors = None
+        if all(lv.factors is not None for lv in found):
+            factors = tuple(np.concatenate(f) for f in zip(*(lv.factors for lv in found)))
         return Levels(
             *(np.concatenate([getattr(lv, f) for lv in found]) for f in ("levels", "d", "m")),
             bits=found[0].bits,
             table=found[0].table,
+            factors=factors,
         )
 
 
@@ -71,6 +75,7 @@ def quantize_experts(model: DecoderModel, weights: str) -> None:
     its blocks are a grid; for `int8`, its 8-bit levels (Q5_0/Q5_1/Q8_0) where they are; else each
     expert widened alone and held at 8 bits. Dense copies are released."""
     from lucedesk.kernels.quantized import GroupedLowBitWeight, eight_bit
+    from lucedesk.kernels.scales import kquant_fits
 
     source = model.expert_source
     wider: dict[str, int] = {}
@@ -82,7 +87,8 @@ def quantize_experts(model: DecoderModel, weights: str) -> None:
             first = source.levels(i, proj, 0) if source is not None else None
             exact = first is not None and (weights == "q4" or first.bits == 8)
             if exact:
-                held = GroupedLowBitWeight(count, (n, k), first.bits, first.table)
+                kquant = first.factors is not None and kquant_fits(k)
+                held = GroupedLowBitWeight(count, (n, k), first.bits, first.table, kquant=kquant)
             else:
                 kind = source.type_name(i, proj) if source is not None else str(model.dtype)
                 wider[kind] = wider.get(kind, 0) + 1
@@ -93,6 +99,8 @@ def quantize_experts(model: DecoderModel, weights: str) -> None:
                     parts = (torch.from_numpy(lv.levels).view(n, k),) + tuple(
                         torch.from_numpy(a).view(n, -1) for a in (lv.d, lv.m)
                     )
+                    if held.kquant:
+                        parts += tuple(torch.from_numpy(a).view(n, -1) for a in lv.factors)
                 else:
                     w = param[e] if param.numel() else source.expert(i, proj, e)
                     parts = eight_bit(w.float())

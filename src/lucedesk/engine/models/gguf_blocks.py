@@ -60,13 +60,15 @@ LOW_BIT_TYPES = (*FOUR_BIT_TYPES, "Q5_0", "Q5_1")  # the types of a file `q4` we
 class Levels(NamedTuple):
     """A grid a low-bit weight takes as it is: codes (nibbles or bytes) in value order,
     d and m per group of 32, the bit width, and for table formats the code -> level
-    table."""
+    table. A K-quant's scales come `factors` too: d = d_factor * d_super and m = m_factor *
+    m_super (uint8 per group of 32, float32 per super-block of 256), exactly."""
 
     levels: np.ndarray
     d: np.ndarray
     m: np.ndarray
     bits: int
     table: tuple[int, ...] | None = None
+    factors: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 # llama.cpp's simple (not K-quant) block types: (has an fp16 m, bytes of high bits, m =
@@ -95,9 +97,10 @@ def _simple_groups(raw: np.ndarray, type_name: str) -> tuple[np.ndarray, ...]:
     return levels.reshape(-1), d, m
 
 
-def _q4_k_groups(raw: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Q4_K blocks -> (levels uint8 [values], d, m float32 [values / 32]): each group's d and
-    m its 6-bit scale and min times the super-block's, in the tensor's value order."""
+def _q4_k_groups(raw: np.ndarray) -> Levels:
+    """Q4_K blocks -> levels uint8 [values], d, m float32 [values / 32]: each group's d and
+    m its 6-bit scale and min times the super-block's, in the tensor's value order, with
+    those factors."""
     from gguf.quants import Q4_K
 
     blocks = raw.reshape(-1, 144)
@@ -108,7 +111,11 @@ def _q4_k_groups(raw: np.ndarray) -> tuple[np.ndarray, ...]:
     levels = np.concatenate([qs & 0x0F, qs >> 4], axis=2)  # [blocks, 4, 2, 32]
     group_d = d * scales.astype(np.float32)
     group_m = -(dmin * mins.astype(np.float32))
-    return levels.reshape(-1), group_d.reshape(-1), group_m.reshape(-1)
+    factors = (
+        scales.reshape(-1).astype(np.uint8), d.reshape(-1),
+        mins.reshape(-1).astype(np.uint8), -dmin.reshape(-1),
+    )  # fmt: skip
+    return Levels(levels.reshape(-1), group_d.reshape(-1), group_m.reshape(-1), 4, None, factors)
 
 
 def block_levels(raw: np.ndarray, type_name: str) -> Levels:
@@ -117,7 +124,7 @@ def block_levels(raw: np.ndarray, type_name: str) -> Levels:
         bits = 4 if type_name in FOUR_BIT_TYPES else 8
         return Levels(*_simple_groups(raw, type_name), bits=bits)
     if type_name == "Q4_K":
-        return Levels(*_q4_k_groups(raw), bits=4)
+        return _q4_k_groups(raw)
     if type_name == "MXFP4":
         from gguf.quants import MXFP4
 
@@ -157,7 +164,7 @@ class FileBlocks:
     nothing."""
 
     types: tuple[str, ...]  # of the parts, in order
-    decode: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    decode: Callable[[], tuple[torch.Tensor, ...]]
 
     @property
     def type_name(self) -> str:
@@ -174,7 +181,9 @@ class FileBlocks:
         return 8 if all(t in GRID_TYPES for t in self.types) else None
 
     @functools.cached_property
-    def levels(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    def levels(self) -> tuple[torch.Tensor, ...] | None:
         """(levels uint8 [N, K], d and m float32 [N, K / 32]) with weight = d * level + m,
-        exactly as the blocks hold it; None where `bits` is."""
+        exactly as the blocks hold it, then where every part is a K-quant d's and m's
+        factors ([N, K / 32] uint8, [N, K / 256] float32 each, see Levels); None where
+        `bits` is."""
         return None if self.bits is None else self.decode()

@@ -283,23 +283,23 @@ class GGUFFile:
         types = tuple(t.type_name for t in infos)
         return FileBlocks(types, lambda: self._levels(config, infos))
 
-    def _levels(
-        self, config: ModelConfig, infos: list[TensorInfo]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _levels(self, config: ModelConfig, infos: list[TensorInfo]) -> tuple[torch.Tensor, ...]:
         parts = []
         for t in infos:
             rows, cols = t.shape
             held = block_levels(self.raw(t), t.type_name)
-            levels = torch.from_numpy(held.levels).view(rows, cols)
-            d, m = (torch.from_numpy(a).view(rows, -1) for a in (held.d, held.m))
+            part = [torch.from_numpy(held.levels).view(rows, cols)]
+            part += [torch.from_numpy(a).view(rows, -1) for a in (held.d, held.m)]
+            if held.factors is not None:
+                part += [torch.from_numpy(a).view(rows, -1) for a in held.factors]
             if self.family.permuted_qk and t.name.endswith(("attn_q.weight", "attn_k.weight")):
                 heads = config.num_heads if "attn_q" in t.name else config.num_kv_heads
-                levels, d, m = (unpermute(x, heads) for x in (levels, d, m))
-            parts.append((levels, d, m))
+                part = [unpermute(x, heads) for x in part]
+            parts.append(part)
         if len(parts) == 1:  # an unfused weight (the LM head) without another copy
-            return parts[0]
-        levels, d, m = (torch.cat(x) for x in zip(*parts))
-        return levels, d, m
+            return tuple(parts[0])
+        whole = min(len(p) for p in parts)  # factors only where every part has them
+        return tuple(torch.cat([p[i] for p in parts]) for i in range(whole))
 
     def weights(self, config: ModelConfig) -> dict[str, torch.Tensor]:
         """Every model tensor but the experts' weights, dequantized, under its shared name,

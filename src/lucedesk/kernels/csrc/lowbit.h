@@ -4,8 +4,9 @@
 // exact integer arithmetic (AVX512-VNNI where the CPU has it, plain loops elsewhere).
 #pragma once
 
+#include <type_traits>
+
 #include "activations.h"  // RowsQ8, quantize_rows: the activations' int8 groups
-#include "int8.h"         // check_int8_inputs: the same activations and group scales
 
 namespace {
 
@@ -18,7 +19,12 @@ namespace {
 //     value p in its low nibble and value p + 256 in its high one;
 //   d, m [N/16, K/32, 16] float32, or float16 where the scales are float16 values (a
 //     Q4_0 / Q4_1 file's are): a quarter fewer bytes a weight, the same arithmetic (the
-//     scales are widened exactly).
+//     scales are widened exactly); or uint8 in the K-quant form (a Q4_K file's: a group's
+//     scale is a 6-bit factor times its 256-input super-block's float16 scale): per block
+//     of sixteen channels K/32 x 16 factors, then K/256 x 16 float32 super scales, 24 bytes
+//     a group of sixteen channels instead of 64. factor * super is exact in float32, so
+//     the arithmetic is that of the float32 scales it stands for, for 0.59 bytes a 4-bit
+//     weight instead of 0.75.
 // Activations: row r's group g is xd[r, g] * xq[r, g, :] with xq in -127..127, and
 // xs[r, g] = xd[r, g] * sum(xq[r, g, :]). Then
 //   y[r, n] = sum over groups, in order, of fma(m, xs, fma(isum, d * xd, acc))
@@ -37,10 +43,26 @@ inline int level_at(const uint8_t* chunk, int64_t v, const uint8_t* lut) {
   return lut ? lut[nibble] : nibble;
 }
 
-// Sixteen group scales as floats.
-inline __attribute__((always_inline)) float scale_at(const float* s, int64_t i) { return s[i]; }
-inline __attribute__((always_inline)) float scale_at(const c10::Half* s, int64_t i) {
-  return static_cast<float>(s[i]);
+// A block's scale for group c, channel ch, as a float (`chunks`: the groups a channel has).
+inline __attribute__((always_inline)) float scale_at(const float* s, int64_t, int64_t c,
+                                                     int64_t ch) {
+  return s[c * 16 + ch];
+}
+inline __attribute__((always_inline)) float scale_at(const c10::Half* s, int64_t, int64_t c,
+                                                     int64_t ch) {
+  return static_cast<float>(s[c * 16 + ch]);
+}
+inline __attribute__((always_inline)) float scale_at(const uint8_t* s, int64_t chunks, int64_t c,
+                                                     int64_t ch) {
+  float super;
+  std::memcpy(&super, s + chunks * 16 + ((c / 8) * 16 + ch) * 4, 4);
+  return static_cast<float>(s[c * 16 + ch]) * super;
+}
+
+// Where block b's scales start, in elements of S.
+template <typename S>
+inline int64_t block_scales_offset(int64_t b, int64_t chunks) {
+  return std::is_same_v<S, uint8_t> ? b * chunks * 24 : b * chunks * 16;
 }
 
 // One block of sixteen channels for `rows` rows (at most kRowsAtOnce) -> out [rows, 16] float.
@@ -62,8 +84,8 @@ void block_rows_plain(const uint8_t* q, const S* d, const S* m, int64_t chunks,
           for (int64_t e = 0; e < 4; ++e)
             isum += level_at<Bits>(chunk, 64 * j + 4 * ch + e, lut) * xr[32 * c + 4 * j + e];
         const float a =
-            std::fma(static_cast<float>(isum), scale_at(d, c * 16 + ch) * dx, acc[ch]);
-        acc[ch] = std::fma(scale_at(m, c * 16 + ch), sx, a);
+            std::fma(static_cast<float>(isum), scale_at(d, chunks, c, ch) * dx, acc[ch]);
+        acc[ch] = std::fma(scale_at(m, chunks, c, ch), sx, a);
       }
     }
     std::memcpy(out + 16 * r, acc, sizeof acc);
@@ -71,9 +93,16 @@ void block_rows_plain(const uint8_t* q, const S* d, const S* m, int64_t chunks,
 }
 
 #if defined(LUCEDESK_VNNI)
-inline __m512 load16(const float* s) { return _mm512_loadu_ps(s); }
-inline __m512 load16(const c10::Half* s) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
+// Group c's sixteen scales (scale_at's values).
+inline __m512 load16(const float* s, int64_t, int64_t c) { return _mm512_loadu_ps(s + c * 16); }
+inline __m512 load16(const c10::Half* s, int64_t, int64_t c) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + c * 16)));
+}
+inline __m512 load16(const uint8_t* s, int64_t chunks, int64_t c) {
+  const __m512 factors = _mm512_cvtepi32_ps(
+      _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + c * 16))));
+  const float* supers = reinterpret_cast<const float*>(s + chunks * 16);
+  return _mm512_mul_ps(factors, _mm512_loadu_ps(supers + (c / 8) * 16));
 }
 
 // Rows is a compile-time count so that each row's sums stay in registers.
@@ -131,7 +160,7 @@ void block_rows_vnni(const uint8_t* q, const S* d, const S* m, int64_t chunks,
       isum[r] = part[r][0];
       for (int p = 1; p < Parts; ++p) isum[r] = _mm512_add_epi32(isum[r], part[r][p]);
     }
-    const __m512 dw = load16(d + c * 16), mw = load16(m + c * 16);
+    const __m512 dw = load16(d, chunks, c), mw = load16(m, chunks, c);
     for (int r = 0; r < Rows; ++r) {
       const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(xd[r * chunks + c]));
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), scale, acc[r]);
@@ -174,8 +203,8 @@ void lowbit_block(const RowsQ8& x, const uint8_t* q, const S* d, const S* m,
                   bool vector, const uint8_t* lut) {
   const int64_t chunks = K / 32, block_bytes = chunks * 512 * Bits / 8;
   const uint8_t* qb = q + b * block_bytes;
-  const S* db = d + b * chunks * 16;
-  const S* mb = m + b * chunks * 16;
+  const S* db = d + block_scales_offset<S>(b, chunks);
+  const S* mb = m + block_scales_offset<S>(b, chunks);
   alignas(64) float out[kRowsAtOnce * 16];
   for (int64_t r0 = row0; r0 < row0 + M; r0 += kRowsAtOnce) {
     const int64_t rows = std::min<int64_t>(kRowsAtOnce, row0 + M - r0);
@@ -200,6 +229,26 @@ void check_lowbit_args(int64_t bits, bool vector, const std::optional<at::Tensor
                 "lowbit linear: a level table is 16 uint8 values, for 4-bit weights");
 }
 
+// Group scales for `weights` weights of [N, K]: float32 or float16 one per 32 inputs, or
+// uint8 in the K-quant form (K a multiple of 256).
+void check_scales(const at::Tensor& d, const at::Tensor& m, int64_t N, int64_t K,
+                  int64_t weights) {
+  const auto type = d.scalar_type();
+  TORCH_CHECK(m.scalar_type() == type && d.is_contiguous() && m.is_contiguous(),
+              "lowbit linear: group scales d and m must be contiguous, of one dtype");
+  if (type == at::kByte) {
+    TORCH_CHECK(K % 256 == 0 && d.numel() == weights * N / 16 * (K / 32) * 24 &&
+                    m.numel() == d.numel(),
+                "lowbit linear: K-quant scales are 24 bytes per sixteen channels and 32 "
+                "inputs, K a multiple of 256");
+    return;
+  }
+  TORCH_CHECK((type == at::kHalf || type == at::kFloat) && d.numel() == weights * N * (K / 32) &&
+                  m.numel() == d.numel(),
+              "lowbit linear: group scales d and m must be float32 or float16, one per 32 "
+              "inputs");
+}
+
 // The weight's (N, K), checked.
 std::pair<int64_t, int64_t> check_lowbit_weight(const at::Tensor& q, const at::Tensor& d,
                                                 const at::Tensor& m, int64_t bits, bool vector,
@@ -209,12 +258,19 @@ std::pair<int64_t, int64_t> check_lowbit_weight(const at::Tensor& q, const at::T
                   q.size(2) == 64 * bits,
               "lowbit linear: q must be uint8 [N/16, K/32, 64 * bits]");
   const int64_t N = q.size(0) * 16, K = q.size(1) * 32;
-  TORCH_CHECK((d.scalar_type() == at::kHalf || d.scalar_type() == at::kFloat) &&
-                  m.scalar_type() == d.scalar_type() && d.is_contiguous() && m.is_contiguous() &&
-                  d.numel() == N * (K / 32) && m.numel() == N * (K / 32),
-              "lowbit linear: group scales d and m must be float32 or float16, one per 32 "
-              "inputs");
+  check_scales(d, m, N, K, 1);
   return {N, K};
+}
+
+// run(d, m) with the scales' pointers in their type.
+template <typename Run>
+void with_scales(const at::Tensor& d, const at::Tensor& m, const Run& run) {
+  if (d.scalar_type() == at::kHalf)
+    run(d.data_ptr<c10::Half>(), m.data_ptr<c10::Half>());
+  else if (d.scalar_type() == at::kByte)
+    run(d.data_ptr<uint8_t>(), m.data_ptr<uint8_t>());
+  else
+    run(d.data_ptr<float>(), m.data_ptr<float>());
 }
 
 // M rows already quantized (xq, K inputs each) times a checked weight -> y [M, N] bfloat16.
@@ -237,10 +293,7 @@ at::Tensor lowbit_rows(const RowsQ8& xq, int64_t M, const at::Tensor& q, const a
       }
     });
   };
-  if (d.scalar_type() == at::kHalf)
-    run(d.data_ptr<c10::Half>(), m.data_ptr<c10::Half>());
-  else
-    run(d.data_ptr<float>(), m.data_ptr<float>());
+  with_scales(d, m, run);
   return y;
 }
 
@@ -275,9 +328,10 @@ at::Tensor lowbit_moe_linear(const at::Tensor& x, const std::optional<at::Tensor
                   experts.is_contiguous() && experts.device().is_cpu(),
               "lowbit moe linear: experts must be int64 [P] on the CPU");
   const int64_t P = experts.size(0);
-  TORCH_CHECK(d.numel() == E * N * (K / 32) && m.numel() == E * N * (K / 32),
-              "lowbit moe linear: d and m must hold one scale per expert, channel, group");
-  check_int8_inputs(x, d.view({-1, K / 32}), m.view({-1, K / 32}), E * N, K);
+  check_scales(d, m, N, K, E);
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kBFloat16,
+              "lowbit moe linear: x must be contiguous bfloat16 [M, K]");
+  TORCH_CHECK(x.size(1) == K, "lowbit moe linear: x has ", x.size(1), " inputs, the weights ", K);
   const int64_t* ep = experts.data_ptr<int64_t>();
   const int64_t* rp = nullptr;
   if (rows.has_value()) {
@@ -316,22 +370,25 @@ at::Tensor lowbit_moe_linear(const at::Tensor& x, const std::optional<at::Tensor
   for (int64_t e = 0; e < E; ++e)
     if (starts[e + 1] > starts[e]) active.push_back(e);
   const uint8_t* qp = q.data_ptr<uint8_t>();
-  const float *dp = d.data_ptr<float>(), *mp = m.data_ptr<float>();
   const uint8_t* table = lut.has_value() ? lut->data_ptr<uint8_t>() : nullptr;
   Scratch<c10::BFloat16> sorted(P * N);
-  const int64_t blocks = N / 16, q_expert = q.numel() / E, s_expert = N * groups;
-  at::parallel_for(0, static_cast<int64_t>(active.size()) * blocks, 1,
-                   [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t e = active[t / blocks], b = t % blocks;
-      const int64_t first = starts[e], count = starts[e + 1] - starts[e];
-      const uint8_t* qe = qp + e * q_expert;
-      const float *de = dp + e * s_expert, *me = mp + e * s_expert;
-      if (bits == 4)
-        lowbit_block<4>(grouped, qe, de, me, sorted.data(), first, count, N, K, b, vector, table);
-      else
-        lowbit_block<8>(grouped, qe, de, me, sorted.data(), first, count, N, K, b, vector, table);
-    }
+  const int64_t blocks = N / 16, q_expert = q.numel() / E, s_expert = d.numel() / E;
+  with_scales(d, m, [&](const auto* dp, const auto* mp) {
+    at::parallel_for(0, static_cast<int64_t>(active.size()) * blocks, 1,
+                     [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t e = active[t / blocks], b = t % blocks;
+        const int64_t first = starts[e], count = starts[e + 1] - starts[e];
+        const uint8_t* qe = qp + e * q_expert;
+        const auto *de = dp + e * s_expert, *me = mp + e * s_expert;
+        if (bits == 4)
+          lowbit_block<4>(grouped, qe, de, me, sorted.data(), first, count, N, K, b, vector,
+                          table);
+        else
+          lowbit_block<8>(grouped, qe, de, me, sorted.data(), first, count, N, K, b, vector,
+                          table);
+      }
+    });
   });
   c10::BFloat16* yp = y.data_ptr<c10::BFloat16>();
   for (int64_t i = 0; i < P; ++i)

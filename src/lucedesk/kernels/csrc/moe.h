@@ -19,7 +19,7 @@ namespace {
 struct MoEArgs {
   at::Tensor router;  // [E, H] float32
   std::optional<at::Tensor> router_bias, gate_up_bias, down_bias;  // [E], [E, 2I], [E, H]
-  LowBitArgs gate_up, down;  // q [E, N/16, K/32, 64 bits], d and m float32
+  LowBitArgs gate_up, down;  // q [E, N/16, K/32, 64 bits], d and m as lowbit.h takes them
   int64_t top_k;
   bool softmax_first;
   Gate gate;
@@ -49,8 +49,6 @@ void check_moe(const at::Tensor& h, const MoEArgs& moe) {
   TORCH_CHECK(moe.gate_up.q.dim() == 4 && moe.down.q.dim() == 4 && moe.gate_up.q.size(0) == E &&
                   moe.down.q.size(0) == E,
               "moe mlp: gate|up and down hold one weight per expert");
-  TORCH_CHECK(moe.gate_up.d.scalar_type() == at::kFloat && moe.down.d.scalar_type() == at::kFloat,
-              "moe mlp: the experts' group scales are float32");
   for (const auto& bias : {moe.gate_up_bias, moe.down_bias})
     TORCH_CHECK(!bias.has_value() || (bias->dim() == 2 && bias->size(0) == E &&
                                       bias->scalar_type() == at::kBFloat16),

@@ -1,0 +1,73 @@
+"""The group scales of the low-bit kernels' weights, as they are laid out for them
+(csrc/lowbit.h): float32 or float16 per sixteen channels and group of 32 inputs, or a
+K-quant's uint8 factors with float32 super-block scales; and back to [N, K / 32] rows."""
+
+from __future__ import annotations
+
+import torch
+
+GROUP = 32
+SUPER = 256  # a K-quant super-block: eight groups sharing one scale the groups' factors multiply
+
+
+def channel_blocks(scales: torch.Tensor) -> torch.Tensor:
+    """Group scales [N, K / 32] -> the kernels' [N / 16, K / 32, 16]: for each block of 16
+    channels and each group, the 16 channels' scales side by side."""
+    n, groups = scales.shape
+    return scales.float().reshape(n // 16, 16, groups).transpose(1, 2).contiguous()
+
+
+def channel_rows(blocks: torch.Tensor) -> torch.Tensor:
+    """`channel_blocks` undone: [N / 16, K / 32, 16] -> [N, K / 32] float32."""
+    return blocks.float().transpose(1, 2).reshape(-1, blocks.shape[1])
+
+
+def kquant_fits(k: int) -> bool:
+    """Whether a weight of K inputs can hold K-quant scales (whole super-blocks of 256)."""
+    return k % SUPER == 0
+
+
+def kquant_scales(factor: torch.Tensor, super_: torch.Tensor) -> torch.Tensor:
+    """K-quant scales, factor uint8 [N, K / 32] and super float32 [N, K / 256] (scale =
+    factor * super) -> the kernels' uint8 [N / 16, K / 32 * 24]: per block of sixteen
+    channels its factors [K / 32, 16], then its super scales [K / 256, 16] as float32
+    bytes (csrc/lowbit.h)."""
+    n, groups = factor.shape
+    factors = factor.to(torch.uint8).reshape(n // 16, 16, groups).transpose(1, 2)
+    supers = super_.float().reshape(n // 16, 16, groups * GROUP // SUPER).transpose(1, 2)
+    supers = supers.contiguous().view(torch.uint8)
+    return torch.cat([factors.reshape(n // 16, -1), supers.reshape(n // 16, -1)], 1).contiguous()
+
+
+def scale_rows(scales: torch.Tensor, k: int) -> torch.Tensor:
+    """A weight's group scales as the kernels hold them -> [N, K / 32] float32."""
+    if scales.dtype != torch.uint8:
+        return channel_rows(scales)
+    blocks, groups = scales.shape[0], k // GROUP
+    factors = scales[:, : groups * 16].reshape(blocks, groups, 16).float()
+    supers = scales[:, groups * 16 :].contiguous().view(torch.float32).view(blocks, -1, 16)
+    return channel_rows(factors * supers.repeat_interleave(SUPER // GROUP, dim=1))
+
+
+def exact_factors(
+    d: torch.Tensor, m: torch.Tensor, factors: tuple[torch.Tensor, ...] | None
+) -> bool:
+    """Whether K-quant `factors` (d_factor, d_super, m_factor, m_super) give d and m
+    exactly, for a weight of whole super-blocks."""
+    if factors is None or not kquant_fits(d.shape[1] * GROUP):
+        return False
+    per = SUPER // GROUP
+    return all(
+        torch.equal(f.float() * sup.float().repeat_interleave(per, dim=1), want)
+        for f, sup, want in ((factors[0], factors[1], d), (factors[2], factors[3], m))
+    )
+
+
+def compact_scales(d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The group scales as float16 where every one is a float16 value (a Q4_0 or Q4_1
+    file's are), else as they are: the kernels widen them exactly, so the results are the
+    same bits for a quarter fewer bytes a 4-bit weight."""
+    d16, m16 = d.half(), m.half()
+    if torch.equal(d16.float(), d) and torch.equal(m16.float(), m):
+        return d16, m16
+    return d, m
