@@ -229,3 +229,40 @@ def test_the_one_call_mixture_refuses_what_it_cannot_take():
     levels, d, m, _ = random_experts(1, 64, 64, 4, 0)
     assert not fused.accepts_experts(held, LowBitWeight(levels[0], d[0], m[0], 4))
     assert not fused.accepts_experts(held, GroupedLowBitWeight(8, (64, 32), 4, vector=False))
+
+
+@pytest.mark.parametrize("vector", PATHS)
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.MXFP4])
+def test_experts_keep_float16_scales_where_the_file_has_them(vector, qtype):
+    """Q8_0's and MXFP4's scales are float16 values: held so (compact), the experts give
+    the bits of float32 scales for fewer bytes; random float32 scales stay float32."""
+    experts, n, k = 4, 32, 128
+    rng = np.random.default_rng(int(qtype))
+    held = {}
+    for compact in (True, False):
+        for e in range(experts):
+            w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
+            blocks = quants.quantize(w, qtype)
+            lv = block_levels(blocks.reshape(-1), qtype.name)
+            if e == 0:
+                grouped = GroupedLowBitWeight(experts, (n, k), lv.bits, lv.table, vector=vector)
+            parts = (torch.from_numpy(lv.levels).view(n, k),) + tuple(
+                torch.from_numpy(a).view(n, -1) for a in (lv.d, lv.m)
+            )
+            grouped.set(e, *parts)
+        if compact:
+            grouped.compact()
+        held[compact] = grouped
+        rng = np.random.default_rng(int(qtype))  # the same weights again
+    assert held[True].d.dtype == torch.float16 and held[False].d.dtype == torch.float32
+    assert held[True].nbytes < held[False].nbytes
+    x = torch.randn(5, k, generator=torch.Generator().manual_seed(0)).bfloat16()
+    ids = torch.tensor([0, 3, 1, 1, 2, 0, 3, 2, 1, 0])
+    rows = torch.arange(5).repeat_interleave(2)
+    assert torch.equal(held[True](x, ids, rows), held[False](x, ids, rows))
+    noisy = GroupedLowBitWeight(2, (n, k), 8)
+    levels, d, m, _ = random_experts(2, n, k, 8, 0)
+    for e in range(2):
+        noisy.set(e, levels[e], d[e], m[e])
+    noisy.compact()
+    assert noisy.d.dtype == torch.float32

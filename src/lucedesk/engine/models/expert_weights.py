@@ -105,6 +105,7 @@ def quantize_experts(model: DecoderModel, weights: str) -> None:
                     w = param[e] if param.numel() else source.expert(i, proj, e)
                     parts = eight_bit(w.float())
                 held.set(e, *parts)
+            held.compact()
             experts.quantized[proj] = held
             param.data = torch.empty(0, dtype=param.dtype)
     if wider:
