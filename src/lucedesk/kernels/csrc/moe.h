@@ -2,10 +2,10 @@
 // row and their weights, the selected experts' gate|up matmul (lowbit_moe_linear: each
 // chosen expert's blocks read once for all the rows that chose it), the biases, the
 // activation, the down matmul and each row's weighted sum in the order the router ranked
-// its experts. The ATen ops and kernels are those models/moe.py's MoEBlock runs, in its
-// order on its values, so the result has its bits; what the call saves is the Python and
-// dispatch between ~25 small calls a layer, which at one decode row cost more than the
-// experts' memory traffic.
+// its experts. The ATen ops and kernels are those models/moe.py's MoEBlock runs (the sum a
+// loop rounding as they round), in its order on its values, so the result has its bits;
+// what the call saves is the Python and dispatch between ~25 small calls a layer, which at
+// one decode row cost more than the experts' memory traffic.
 #pragma once
 
 #include "fused.h"  // LowBitArgs, Gate
@@ -68,7 +68,7 @@ at::Tensor moe_output(const at::Tensor& h, const MoEArgs& moe, bool vector) {
     std::tie(top, ids) = at::topk(logits, k, -1);
     weights = at::softmax(top, -1);
   }
-  weights = weights.to(h.scalar_type());
+  weights = weights.to(h.scalar_type()).contiguous();
   const at::Tensor flat = ids.reshape({-1}).contiguous();  // pair p: row p / k, expert flat[p]
   const at::Tensor rows = at::arange(T, flat.options()).repeat_interleave(k);
   const LowBitArgs& gu = moe.gate_up;
@@ -78,11 +78,25 @@ at::Tensor moe_output(const at::Tensor& h, const MoEArgs& moe, bool vector) {
   at::Tensor y = lowbit_moe_linear(gated_pairs(pairs, moe).contiguous(), std::nullopt, flat, dn.q,
                                    dn.d, dn.m, dn.bits, vector, dn.lut);
   if (moe.down_bias.has_value()) y = at::add(y, moe.down_bias->index({flat}));
-  y = y.view({T, k, -1});
-  // In rank order, whatever else is in the batch.
-  at::Tensor out = at::mul(y.select(1, 0), weights.narrow(1, 0, 1));
-  for (int64_t j = 1; j < k; ++j)
-    out = at::add(out, at::mul(y.select(1, j), weights.narrow(1, j, 1)));
+  // Each row's weighted sum in rank order, whatever else is in the batch: one pass doing
+  // what ATen's bfloat16 mul and add do per element (the product and the sum in float,
+  // each rounded to bfloat16), without their 2k - 1 calls.
+  const int64_t H = y.size(1);
+  at::Tensor out = at::empty({T, H}, y.options());
+  const auto* yp = y.data_ptr<c10::BFloat16>();
+  const auto* wp = weights.data_ptr<c10::BFloat16>();
+  auto* op = out.data_ptr<c10::BFloat16>();
+  at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const c10::BFloat16* own = yp + t * k * H;  // the row's k pairs
+      const c10::BFloat16* w = wp + t * k;
+      for (int64_t i = 0; i < H; ++i) {
+        c10::BFloat16 sum = own[i] * w[0];
+        for (int64_t j = 1; j < k; ++j) sum = sum + own[j * H + i] * w[j];
+        op[t * H + i] = sum;
+      }
+    }
+  });
   return out;
 }
 
