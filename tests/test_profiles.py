@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
 from lucedesk import profile
-from lucedesk.catalog.fit import derive_pool_tokens, kv_bytes_per_token
+from lucedesk.catalog.fit import derive_pool_tokens, kv_bytes_per_token, pool_basis
 from lucedesk.config import EngineConfig
 from lucedesk.engine.models.config import ModelConfig
 from lucedesk.engine.models.loader import load_model
@@ -131,6 +133,44 @@ def test_kv_pool_derivation_by_hand():
     assert derive_pool_tokens(quarter, SMOLLM2, "bfloat16", 2 * gib, 8192) == 23_296
 
 
+QWEN3_30B_A3B = ModelConfig(
+    "qwen3moe", 151936, 2048, 6144, 48, 32, 4, 128, max_position_embeddings=40960, qk_norm=True
+)
+
+
+def test_a_unified_memory_pool_is_what_the_slots_can_use():
+    """Strix Halo's pool is its six slots at the context limit, whatever the free memory
+    would allow, and says so; less only where its share of free memory is less."""
+    gib = 1 << 30
+    strix = profile.all_profiles()["strix-halo"].engine
+    assert strix.unified_memory and not strix.kv_pool_tokens
+    # Qwen3-30B-A3B: 2 * 48 * 4 * 128 * 2 = 98,304 B a token; 6 x 8,192 = 4.5 GiB of 96.
+    tokens, why = pool_basis(strix, QWEN3_30B_A3B, "bfloat16", 96 * gib, 8192)
+    assert (tokens, why) == (49_152, "6 slots x 8192 tokens")
+    assert tokens * kv_bytes_per_token(QWEN3_30B_A3B, "bfloat16") / gib == 4.5
+    # 4 GiB free: half of it, 2 GiB / 98,304 B = 21,845.3 -> 21,840 in blocks of 16.
+    tokens, why = pool_basis(strix, QWEN3_30B_A3B, "bfloat16", 4 * gib, 8192)
+    assert (tokens, why) == (21_840, "0.5 of 4.0 GiB free (unified)")
+    r9700 = profile.all_profiles()["r9700"].engine
+    pinned = pool_basis(r9700, QWEN3_8B, "bfloat16", 20 * gib, 16384)
+    assert pinned == (98_304, "set by kv_pool_tokens")
+
+
+def test_profiles_for_a_device_this_machine_lacks_are_shown_not_run(tiny_llama, capsys):
+    """`lucedesk profiles --profile strix-halo` on a machine without its GPU shows what the
+    pool would hold at most; `run` on it is a clear error, not a traceback."""
+    from lucedesk.cli import main
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert main(["profiles", "--profile", "strix-halo", "--model", str(tiny_llama)]) == 0
+    out = capsys.readouterr().out
+    assert "tokens at most, the free memory measured on the device" in out
+    assert main(["run", "--profile", "strix-halo", "--model", str(tiny_llama), "-p", "hi"]) != 0
+    err = capsys.readouterr().err
+    assert "sees no GPU" in err and "Traceback" not in err
+
+
 def test_switching_engines_with_requests_in_flight_loses_none(tiny_llama):
     loaded = load_model(tiny_llama, torch.float32)
     first = make_engine(loaded, max_slots=2, kv_pool_tokens=2048).start()
@@ -180,6 +220,7 @@ def test_profiles_command_says_what_the_pool_and_the_disk_caches_hold(
         assert main(["profiles", "--profile", "cpu", "--model", str(tiny_llama)]) == 0
         out = capsys.readouterr().out
         assert "reserved, not written" in out
+        assert re.search(r"KV pool +\d+ tokens \(\d+ MiB\): 16 slots x \d+ tokens", out)
         assert f"prefix cache on disk     0.02 of 8 GB in {tmp_path / 'kv'} " in out
         assert f"held weights on disk     0.03 of 32 GB in {tmp_path / 'weights'}" in out
         assert "(prompts of 1024+ tokens)" in out

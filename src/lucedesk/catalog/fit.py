@@ -41,18 +41,30 @@ def kv_bytes_per_token(model, dtype: str, kv_dtype: str = "dtype") -> int:
 def derive_pool_tokens(
     config: EngineConfig, model, dtype: str, free_bytes: int, max_len: int
 ) -> int:
-    """KV capacity in tokens: the configured number, or `kv_memory_fraction` of the free
-    memory; never more than every slot at full context, and whole blocks only."""
+    """KV capacity in tokens: `pool_basis`'s."""
+    return pool_basis(config, model, dtype, free_bytes, max_len)[0]
+
+
+def pool_basis(
+    config: EngineConfig, model, dtype: str, free_bytes: int, max_len: int
+) -> tuple[int, str]:
+    """KV capacity in tokens, whole blocks, and why that many: the configured number, else
+    what every slot can use at the context limit (`max_slots` x `max_len`), else, where
+    that is more, `kv_memory_fraction` of the free memory."""
     cap = config.max_slots * max_len
     if config.kv_pool_tokens:
-        tokens = config.kv_pool_tokens
+        tokens, why = config.kv_pool_tokens, "set by kv_pool_tokens"
     else:
-        tokens = min(
-            int(free_bytes * config.kv_memory_fraction)
-            // kv_bytes_per_token(model, dtype, config.kv_dtype),
-            cap,
+        share = int(free_bytes * config.kv_memory_fraction) // kv_bytes_per_token(
+            model, dtype, config.kv_dtype
         )
-    return tokens // config.block_size * config.block_size
+        if cap <= share:
+            tokens, why = cap, f"{config.max_slots} slots x {max_len} tokens"
+        else:
+            unified = " (unified)" if config.unified_memory else ""
+            why = f"{config.kv_memory_fraction:g} of {free_bytes / 2**30:.1f} GiB free{unified}"
+            tokens = share
+    return tokens // config.block_size * config.block_size, why
 
 
 def context_limit(config: EngineConfig, model_context: int) -> int:

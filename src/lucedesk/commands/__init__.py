@@ -141,15 +141,17 @@ def bench(args: argparse.Namespace) -> int:
 
 def show_profiles(args: argparse.Namespace) -> int:
     from lucedesk import profile
-    from lucedesk.catalog.fit import derive_pool_tokens, kv_bytes_per_token
+    from lucedesk.catalog.fit import kv_bytes_per_token, pool_basis
     from lucedesk.config import field_names
     from lucedesk.engine import (
         available_memory,
+        check_device,
         dtype_name,
         read_model_config,
         resolve_device,
         resolve_dtype,
     )
+    from lucedesk.errors import ConfigError
 
     profiles = profile.all_profiles()
     device = profile.probe_device()
@@ -161,7 +163,7 @@ def show_profiles(args: argparse.Namespace) -> int:
         print(f" {mark} {name:<12} {p.description}  [{where}]")
     print(f"\n{why}")
     chosen, config, _ = engine_config(args)
-    model_config = read_model_config(resolve_model_arg(args, config).path)
+    model_config = read_model_config(resolve_model_arg(args, config, need_device=False).path)
     dtype = dtype_name(resolve_dtype(config.dtype, resolve_device(config.device)))
     max_len = min(
         config.max_model_len or model_config.max_position_embeddings,
@@ -172,14 +174,19 @@ def show_profiles(args: argparse.Namespace) -> int:
     for key in sorted(field_names()):
         print(f"  {key:<24} {getattr(config, key)}")
 
-    free = available_memory(resolve_device(config.device), config.unified_memory)
-    pool = derive_pool_tokens(config, model_config, dtype, free, max_len)
+    try:
+        check_device(config)
+        free = available_memory(resolve_device(config.device), config.unified_memory)
+        pool, basis = pool_basis(config, model_config, dtype, free, max_len)
+    except ConfigError as exc:  # a profile for a device this machine lacks: what it would take
+        pool = config.kv_pool_tokens or config.max_slots * max_len
+        most = (
+            "kv_pool_tokens" if config.kv_pool_tokens else f"{config.max_slots} slots x {max_len}"
+        )
+        basis = f"{most} tokens at most, the free memory measured on the device ({exc})"
     kv_type = "int8 + scales" if config.kv_dtype == "int8" else dtype
     print(f"\n  KV bytes per token       {per_token} ({kv_type})")
-    print(
-        f"  KV pool                  {pool} tokens ({pool * per_token / 2**20:.0f} MiB)"
-        + ("" if config.kv_pool_tokens else f", derived from {free / 2**30:.1f} GiB free")
-    )
+    print(f"  KV pool                  {pool} tokens ({pool * per_token / 2**20:.0f} MiB): {basis}")
     if resolve_device(config.device).type == "cpu":
         print("                           reserved, not written: resident as blocks are used")
     print(f"  context limit            {max_len} tokens")

@@ -46,13 +46,21 @@ class TerminalTransfer:
             self.shown = (path, float(tenth))
 
 
-def resolve_model_arg(args: argparse.Namespace, config):
+def resolve_model_arg(args: argparse.Namespace, config, need_device: bool = True):
     """The model `--model` names (the default one without it), fetched if need be; a
-    repository's quant chosen to fit this machine under `config`."""
+    repository's quant chosen to fit this machine under `config` (without `need_device`,
+    where the device `config` names is not on this machine, chosen without a fit)."""
     from lucedesk.catalog.resolve import resolve
     from lucedesk.engine import fit_now
+    from lucedesk.errors import ConfigError
 
-    return resolve(getattr(args, "model", None), say, fit_now(config), TerminalTransfer())
+    try:
+        fits = fit_now(config)
+    except ConfigError:
+        if need_device:
+            raise
+        fits = None
+    return resolve(getattr(args, "model", None), say, fits, TerminalTransfer())
 
 
 def pull(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from lucedesk.catalog.fingerprint import model_fingerprint
-from lucedesk.catalog.fit import check_fits, derive_pool_tokens, kv_bytes_per_token
+from lucedesk.catalog.fit import check_fits, kv_bytes_per_token, pool_basis
 from lucedesk.config import EngineConfig
 from lucedesk.engine import weight_cache
 from lucedesk.engine.device import resolve_device, resolve_dtype
@@ -49,6 +49,7 @@ class BuiltEngine:
     kernels: str
     weights: str
     pool_bytes: int = 0  # the KV pool's memory
+    pool_basis: str = ""  # why the pool holds pool_tokens (catalog.fit.pool_basis)
 
 
 def check_device(config: EngineConfig) -> torch.device:
@@ -187,7 +188,7 @@ def assemble(loaded: LoadedModel, config: EngineConfig, device: torch.device) ->
     weights = apply_weight_format(model, config.weights, kernels)
     dtype = dtype_name(model.dtype)
     free = available_memory(device, config.unified_memory)
-    pool_tokens = derive_pool_tokens(config, loaded.config, dtype, free, max_len)
+    pool_tokens, basis = pool_basis(config, loaded.config, dtype, free, max_len)
     pool_bytes = pool_tokens * kv_bytes_per_token(loaded.config, dtype, config.kv_dtype)
     num_blocks = max(pool_tokens // config.block_size, 1)
     runner = TorchSeqEngine(model, num_blocks, config.block_size, kernels, device, config.kv_dtype)
@@ -196,22 +197,25 @@ def assemble(loaded: LoadedModel, config: EngineConfig, device: torch.device) ->
         loaded.name, str(loaded.path), loaded.config.architecture, loaded.quantization, max_len
     )
     engine = Engine(runner, scheduler, loaded.tokenizer, info, config.max_waiting)
+    engine.pool_basis = basis
     if config.disk_cache_gb > 0 and config.prefix_cache:
         engine.disk = open_disk_cache(loaded, config, runner, weights, kernels)
     log.info(
-        "engine: %s on %s (%s, %s weights), %d slots, KV pool %d tokens (%d MiB, %s), %s kernels",
+        "engine: %s on %s (%s, %s weights), %d slots, KV pool %d tokens (%s; %d MiB, %s), "
+        "%s kernels",
         loaded.name,
         device,
         str(model.dtype).removeprefix("torch."),
         weights,
         config.max_slots,
         pool_tokens,
+        basis,
         pool_bytes // MIB,
         config.kv_dtype,
         kernels,
     )
     return BuiltEngine(
-        engine, loaded, device, model.dtype, pool_tokens, kernels, weights, pool_bytes
+        engine, loaded, device, model.dtype, pool_tokens, kernels, weights, pool_bytes, basis
     )
 
 

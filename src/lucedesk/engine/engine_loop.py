@@ -36,6 +36,7 @@ class EngineLoop:
         self.scheduler = scheduler
         self.tokenizer = tokenizer
         self.model_name = model_name
+        self.pool_basis = ""  # why the KV pool holds its blocks (said in the stats)
         self.outputs = OutputProcessor(tokenizer, scheduler.finish)
         # ("add", (request, handle)) or ("cancel", request_id), appended by any thread
         self._inbox: deque[tuple[str, object]] = deque()
@@ -315,7 +316,7 @@ class EngineLoop:
         now = time.monotonic()
         self._collector.on_step(now if started is None else started, now, num_generated)
         self._stats = self._collector.snapshot(
-            self.scheduler, self.model_name, now, self._num_pending
+            self.scheduler, self.model_name, now, self._num_pending, self.pool_basis
         )
         closing, self._closing = self._closing, {}
         for request_id in closing:

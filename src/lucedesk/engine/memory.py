@@ -13,6 +13,7 @@ from lucedesk.catalog.quants import LOADABLE
 from lucedesk.catalog.summary import ModelSummary
 from lucedesk.config import EngineConfig
 from lucedesk.engine.device import resolve_device, resolve_dtype
+from lucedesk.errors import ConfigError
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -24,6 +25,8 @@ def available_memory(device: torch.device, unified: bool = False) -> int:
     """Bytes free for the KV pool now (after the weights are in place). On a unified-memory
     APU the GPU allocates from system RAM, so the smaller of the two counts."""
     if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device {device}: this machine's torch sees no GPU")
         free, _total = torch.cuda.mem_get_info(device)
         if unified:
             return min(int(free), available_memory(torch.device("cpu")))

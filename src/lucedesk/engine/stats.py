@@ -108,6 +108,7 @@ class EngineStats:
     itl: HistogramSnapshot | None = None
     prefix_cache_hit_tokens: int = 0
     prefix_disk_hit_tokens: int = 0  # ...of which were read from the cache on disk
+    pool_basis: str = ""  # why the KV pool holds blocks_total blocks (catalog.fit.pool_basis)
     prefix_cache_queries: int = 0
     prefix_cached_blocks: int = 0
     # Prompt-lookup speculation: decode rows that carried a draft, their draft tokens, and
@@ -224,7 +225,7 @@ class StatsCollector:
         )
 
     def snapshot(
-        self, sched: Scheduler, model: str, now: float, num_pending: int = 0
+        self, sched: Scheduler, model: str, now: float, num_pending: int = 0, pool_basis: str = ""
     ) -> EngineStats:
         """What monitors see after a step: the scheduler's slots, queue, pool and counters
         with these rates and latencies; `num_pending` requests are submitted and not yet
@@ -241,6 +242,7 @@ class StatsCollector:
             blocks_used=pool.num_used_blocks,
             blocks_total=pool.num_blocks,
             block_size=pool.block_size,
+            pool_basis=pool_basis,
             spans=self.spans(),
             num_preemptions=sched.num_preemptions,
             num_completed=self.num_completed,

@@ -160,6 +160,8 @@ class SlotMonitor(Vertical):
         )
         # Fixed-size labels: updated without a layout pass of the whole screen.
         kv = f"{stats.blocks_used}/{stats.blocks_total} blocks of {stats.block_size} tokens"
+        if stats.pool_basis:  # why the pool is that size
+            kv += f" · {stats.pool_basis}"
         self.query_one("#kv-text", Label).update(kv, layout=False)
         self._rates.append(stats.tokens_per_s)
         if any(self._rates) or self.query_one(Sparkline).data != list(self._rates):
