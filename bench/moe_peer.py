@@ -1,13 +1,17 @@
-"""A mixture of experts on lucedesk and on llama.cpp's `llama-server`, on the same files:
-a synthetic Qwen3-MoE (transformers' own class, random weights: 949M parameters, hidden
-1024, 16 layers, 64 experts with 8 active, expert MLP 256, the default model's 49,152-token
-vocabulary) converted by llama.cpp's own `convert_hf_to_gguf.py` and quantized by its
-`llama-quantize` to Q4_K_M and Q8_0 (or the types given).
+"""Mixtures of experts on lucedesk and on llama.cpp's `llama-server`, on the same files:
+synthetic models written with transformers' own classes (random weights, the default
+model's 49,152-token vocabulary; SYNTHETIC below), a Qwen3-MoE of 949M parameters (hidden
+1024, 16 layers, 64 experts with 8 active, expert MLP 256) and a gpt-oss of the same size
+(32 experts with 4 active, expert MLP 512, sinks, every other layer a 128-token window),
+converted by llama.cpp's own `convert_hf_to_gguf.py` and quantized by its `llama-quantize`:
+the Qwen3-MoE to Q4_K_M and Q8_0, the gpt-oss to MXFP4_MOE (or the types given).
 
-    .venv/bin/python bench/moe_peer.py [--types Q4_K_M,Q8_0] [--write-docs] [-- BENCH ARGS]
+    .venv/bin/python bench/moe_peer.py [--models qwen3moe-949m,gpt-oss-1b] [--types T,...]
+        [--write-docs] [-- BENCH ARGS]
 
-Per file: time to ready (command to `/health` 200, each server started alone, in the order
-lucedesk, llama.cpp, llama.cpp, lucedesk; medians), then both servers up and `lucedesk bench
+Per file: lucedesk's first start (it packs the weights and keeps them, in a folder of the
+run's own), then time to ready (command to `/health` 200, each server started alone, in the
+order lucedesk, llama.cpp, llama.cpp, lucedesk; medians), then both servers up and `lucedesk bench
 --compare` in both orders (bench_llama_cpp_peer's ABBA: medians of two runs each, the second
 pair on prompts of its own), and each server's resident memory after the runs. lucedesk
 runs with prompt lookup off, so one stream's time per token is the model's own. The
@@ -32,6 +36,7 @@ from pathlib import Path
 
 import httpx
 import llama_cpp_peer as peer
+from large_prompts import rss_mb
 
 # Run as a script, this folder is first on the path, and its kernels.py would stand in for
 # the `kernels` package transformers imports.
@@ -40,13 +45,52 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 
 SECTION = "## Mixtures of experts against llama.cpp's server"
 BENCH = ["-n", "16", "-c", "1,16", "--input-len", "256", "--output-len", "128"]
-# The synthetic model (Qwen3-30B-A3B's layout at 1/30 of its size).
-QWEN3_MOE = dict(
-    hidden_size=1024, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=4,
-    head_dim=64, intermediate_size=3072, num_experts=64, num_experts_per_tok=8,
-    moe_intermediate_size=256, norm_topk_prob=True, max_position_embeddings=8192,
-    tie_word_embeddings=False, rms_norm_eps=1e-6,
-)  # fmt: skip
+# The synthetic models: (transformers' config and model class, their settings, the types
+# llama-quantize makes). Qwen3-30B-A3B's layout at 1/30 of its size; gpt-oss-20b's (biased
+# experts with the clamped SwiGLU, attention sinks, every other layer a 128-token window)
+# at 1/20, its experts in MXFP4 as gpt-oss ships them.
+SYNTHETIC = {
+    "qwen3moe-949m": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(
+            hidden_size=1024,
+            num_hidden_layers=16,
+            num_attention_heads=16,
+            num_key_value_heads=4,
+            head_dim=64,
+            intermediate_size=3072,
+            num_experts=64,
+            num_experts_per_tok=8,
+            moe_intermediate_size=256,
+            norm_topk_prob=True,
+            max_position_embeddings=8192,
+            tie_word_embeddings=False,
+            rms_norm_eps=1e-6,
+        ),
+        "Q4_K_M,Q8_0",
+    ),
+    "gpt-oss-1b": (
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        dict(
+            hidden_size=1024,
+            num_hidden_layers=16,
+            num_attention_heads=16,
+            num_key_value_heads=4,
+            head_dim=64,
+            intermediate_size=512,
+            num_local_experts=32,
+            num_experts_per_tok=4,
+            sliding_window=128,
+            max_position_embeddings=8192,
+            rope_scaling=None,
+            tie_word_embeddings=False,
+            layer_types=["sliding_attention", "full_attention"] * 8,
+        ),
+        "MXFP4_MOE",
+    ),
+}
 LUCEDESK_SETTINGS = ["prompt_lookup=false"]
 
 
@@ -59,10 +103,12 @@ def models_dir() -> Path:
 
 
 def synthetic_model(folder: Path) -> Path:
-    """The Hugging Face folder of the synthetic Qwen3-MoE (bfloat16 safetensors, seeded), with
-    the default model's tokenizer as transformers reads it from that GGUF."""
+    """The Hugging Face folder of the synthetic model named as `folder` is (SYNTHETIC;
+    bfloat16 safetensors, seeded), with the default model's tokenizer as transformers reads
+    it from that GGUF."""
     if (folder / "config.json").exists():
         return folder
+    config_class, model_class, settings, _ = SYNTHETIC[folder.name]
     import torch
     import transformers
 
@@ -73,13 +119,13 @@ def synthetic_model(folder: Path) -> Path:
     if not default.exists():
         pull(progress=say)
     tokenizer = transformers.AutoTokenizer.from_pretrained(default.parent, gguf_file=default.name)
-    config = transformers.Qwen3MoeConfig(
-        vocab_size=len(tokenizer), **QWEN3_MOE, bos_token_id=tokenizer.bos_token_id,
+    config = getattr(transformers, config_class)(
+        vocab_size=len(tokenizer), **settings, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )  # fmt: skip
     torch.manual_seed(0)
-    say(f"writing the synthetic Qwen3-MoE into {folder}")
-    model = transformers.Qwen3MoeForCausalLM(config).to(torch.bfloat16)
+    say(f"writing the synthetic {folder.name} into {folder}")
+    model = getattr(transformers, model_class)(config).to(torch.bfloat16)
     partial = folder.with_name(folder.name + ".partial")
     model.save_pretrained(partial, safe_serialization=True)
     tokenizer.save_pretrained(partial)
@@ -104,16 +150,8 @@ def gguf_files(model: Path, types: list[str], tools: dict[str, Path]) -> dict[st
             cmd = [str(tools["quantize"]), str(full), str(out) + ".partial", kind, "2"]
             subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.STDOUT, check=True)
             Path(str(out) + ".partial").replace(out)
-        files[kind] = out
+        files[out.stem] = out
     return files
-
-
-def resident_mib(pid: int) -> float:
-    """A process's resident memory now (VmRSS), in MiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def time_to_ready(name: str, cmd: list[str], port: int, log_dir: Path) -> tuple[float, float]:
@@ -129,7 +167,7 @@ def time_to_ready(name: str, cmd: list[str], port: int, log_dir: Path) -> tuple[
                 with contextlib.suppress(httpx.HTTPError, ValueError):
                     r = client.get(server.url + "/health")
                     if r.status_code == 200 and r.json().get("status") == "ok":
-                        return time.monotonic() - started, resident_mib(server.proc.pid)
+                        return time.monotonic() - started, rss_mb(server.proc.pid)
                 time.sleep(0.02)
         raise SystemExit(f"{name} was not ready in 600 s")
     finally:
@@ -146,7 +184,8 @@ def measure(file: Path, binary: Path, args: argparse.Namespace, bench: list[str]
     }
     # A folder of its own for the held weights: the first start packs and writes them (timed
     # apart), the measured ones map them.
-    os.environ["LUCEDESK_WEIGHT_CACHE"] = tempfile.mkdtemp(prefix="lucedesk-moe-weights-")
+    weights = tempfile.TemporaryDirectory(prefix="lucedesk-moe-weights-")
+    os.environ["LUCEDESK_WEIGHT_CACHE"] = weights.name
     first_start = time_to_ready("lucedesk", cmds["lucedesk"], port, log_dir)
     ready: dict[str, list[tuple[float, float]]] = {"lucedesk": [], "llama.cpp": []}
     for who in ("lucedesk", "llama.cpp", "llama.cpp", "lucedesk"):
@@ -161,7 +200,9 @@ def measure(file: Path, binary: Path, args: argparse.Namespace, bench: list[str]
             stack.callback(peer.stop_server, servers[who])
             peer.wait_healthy(servers[who])
         runs = peer.abba(servers["lucedesk"], servers["llama.cpp"], bench, tmp)
-        rss = {who: resident_mib(s.proc.pid) for who, s in servers.items()}
+        rss = {who: rss_mb(s.proc.pid) for who, s in servers.items()}
+    weights.cleanup()
+    del os.environ["LUCEDESK_WEIGHT_CACHE"]
     for note in peer.disagreements(runs):
         say(f"warning: {note}; was the machine busy?")
     say(f"server logs kept in {log_dir}")
@@ -199,10 +240,13 @@ def report(results: list[dict]) -> str:
 
 
 ABOUT = """\
-`bench/moe_peer.py` writes a synthetic Qwen3-MoE with transformers' own class (random
-weights, seeded: 949M parameters, hidden 1024, 16 layers, 16/4 heads of 64, 64 experts with 8
-active, expert MLP 256, the default model's 49,152-token vocabulary, untied head), converts it
-with llama.cpp's `convert_hf_to_gguf.py` to bfloat16 and quantizes it with `llama-quantize`.
+`bench/moe_peer.py` writes two synthetic mixtures with transformers' own classes (random
+weights, seeded, the default model's 49,152-token vocabulary, untied heads, hidden 1024, 16
+layers, 16/4 heads of 64): a Qwen3-MoE (949M parameters, 64 experts with 8 active, expert
+MLP 256) and a gpt-oss (32 experts with 4 active, expert MLP 512, biases, sinks, every other
+layer a 128-token window), converts them with llama.cpp's `convert_hf_to_gguf.py` to
+bfloat16 and quantizes them with `llama-quantize` (Q4_K_M and Q8_0; MXFP4_MOE, gpt-oss's
+own experts' type).
 For each file: lucedesk's first start (it packs the weights and keeps them on disk), then time
 to ready (the command to `/health` 200, asked every 20 ms, each server alone, lucedesk,
 llama.cpp, llama.cpp, lucedesk; medians), then both servers up and `lucedesk bench --compare`
@@ -214,7 +258,8 @@ lucedesk runs the detected profile with prompt lookup off."""
 def main(argv: list[str]) -> None:
     split = argv.index("--") if "--" in argv else len(argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--types", default="Q4_K_M,Q8_0", help="llama-quantize types")
+    parser.add_argument("--models", default=",".join(SYNTHETIC), help=f"of {', '.join(SYNTHETIC)}")
+    parser.add_argument("--types", default=None, help="llama-quantize types (default: each's)")
     parser.add_argument("--slots", type=int, default=16, help="llama-server --parallel")
     parser.add_argument("--threads", type=int, default=2, help="llama-server --threads")
     parser.add_argument("--slot-ctx", type=int, default=2048, help="llama-server context per slot")
@@ -226,8 +271,10 @@ def main(argv: list[str]) -> None:
     tools = peer.find_llama_tools()
     binary = tools["server"]
     llama_info = peer.describe_llama_server(binary)
-    model = synthetic_model(models_dir() / "qwen3moe-949m")
-    files = gguf_files(model, args.types.split(","), tools)
+    files = {}
+    for name in args.models.split(","):
+        model = synthetic_model(models_dir() / name)
+        files |= gguf_files(model, (args.types or SYNTHETIC[name][3]).split(","), tools)
     results = [measure(file, binary, args, bench) for file in files.values()]
     text = report(results)
     print(text)

@@ -66,10 +66,52 @@ def test_factors_that_are_not_exact_are_not_taken():
     off = (factors[0], factors[1] * 1.5, factors[2], factors[3])
     assert not exact_factors(d, m, off)
     assert LowBitWeight(levels, d, m, 4, factors=off).d.dtype == torch.float32
-    grouped = GroupedLowBitWeight(2, (32, 256), 4, kquant=True)
-    with pytest.raises(ValueError, match="give d and m exactly"):
-        grouped.set(0, levels, d, m, *off)
+    grouped = GroupedLowBitWeight(3, (32, 256), 4, kquant=True)
+    grouped.set(0, levels, d, m, *factors)
+    assert grouped.kquant
+    grouped.set(1, levels, d, m, *off)  # all experts' scales become float32 ones
+    grouped.set(2, levels, d, m, *factors)
+    assert not grouped.kquant
+    plain = LowBitWeight(levels, d, m, 4)
+    assert all(torch.equal(grouped.dequantize(e), plain.dequantize()) for e in range(3))
     with pytest.raises(ValueError, match="K % 256"):
         GroupedLowBitWeight(2, (32, 96), 4, kquant=True)
     cut = levels[:, :224], d[:, :7], m[:, :7]
     assert not exact_factors(cut[1], cut[2], (factors[0][:, :7], factors[1], *factors[2:]))
+
+
+@pytest.mark.parametrize("vector", PATHS)
+def test_a_mixture_on_k_quant_experts_gives_the_bits_of_float_scales(vector):
+    """The one-call mixture (csrc/moe.h) over Q4_K experts holding their factors: the bits
+    of the same experts with float32 scales, and of the model's Python path."""
+    from lucedesk.engine.models.config import ModelConfig
+    from lucedesk.engine.models.moe import MoEBlock
+    from lucedesk.kernels.cpu import FusedLayerCalls
+
+    experts, hidden, inter = 8, 256, 256
+    c = ModelConfig(
+        architecture="qwen3moe", vocab_size=32, hidden_size=hidden, intermediate_size=inter,
+        num_layers=1, num_heads=2, num_kv_heads=1, head_dim=128, num_experts=experts,
+        num_experts_per_tok=3, moe_intermediate_size=inter,
+    )  # fmt: skip
+    block = MoEBlock(c, torch.bfloat16).requires_grad_(False)
+    g = torch.Generator().manual_seed(5)
+    block.router.copy_(torch.randn(experts, hidden, generator=g))
+    held = {}
+    for kq in (True, False):
+        for proj, (n, k) in (("gate_up", (2 * inter, hidden)), ("down", (hidden, inter))):
+            w = GroupedLowBitWeight(experts, (n, k), 4, vector=vector, kquant=kq)
+            for e in range(experts):
+                levels, d, m, factors = q4_k(n, k, seed=e * 7 + n)
+                w.set(e, levels, d, m, *(factors if kq else ()))
+            held[kq, proj] = w
+    x = torch.randn(6, hidden, generator=g).bfloat16()
+    out = {}
+    with torch.inference_mode():
+        for kq in (True, False):
+            block.experts.quantized = {p: held[kq, p] for p in ("gate_up", "down")}
+            block.fused = FusedLayerCalls()
+            out[kq] = block(x, None)
+            block.fused = None
+            assert torch.equal(block(x, None), out[kq])
+    assert held[True, "down"].kquant and torch.equal(out[True], out[False])

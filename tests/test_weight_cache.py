@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 
 import pytest
@@ -52,9 +51,7 @@ def files(tmp_path_factory, tiny_models):
 def start(path, **config):
     """build_engine, then the end of the thread writing the weights."""
     built = build_engine(path, EngineConfig(**{**CONFIG, **config}))
-    for thread in threading.enumerate():
-        if thread.name == "lucedesk-weight-cache":
-            thread.join()
+    weight_cache.wait_for_writers()
     return built
 
 
@@ -97,12 +94,23 @@ def test_a_second_start_maps_what_the_first_packed(files, cache_dir, monkeypatch
     assert len(list(cache_dir.glob("*.weights.pt"))) == 1
 
 
-def test_other_settings_keep_files_of_their_own(files, cache_dir):
+def test_other_settings_keep_files_of_their_own(files, cache_dir, caplog):
     start(files["dense"])
     start(files["dense"], weights="int8")
     assert len(list(cache_dir.glob("*.weights.pt"))) == 2
     start(files["dense"], weight_cache_gb=0)
     assert len(list(cache_dir.glob("*.weights.pt"))) == 2, "none written with the cache off"
+    start(files["moe"], weight_cache_gb=1e-6)
+    assert len(list(cache_dir.glob("*.weights.pt"))) == 2, "none larger than the bound"
+    # A folder that cannot be written: a log line, the engine serves, nothing left behind.
+    blocked = cache_dir.parent / "blocked"
+    blocked.write_text("a file where the folder would be")
+    with caplog.at_level(logging.WARNING, logger="lucedesk.engine.weight_cache"):
+        built = build_engine(files["moe"], EngineConfig(**CONFIG))
+        weight_cache.save_in_background(built.loaded.model, blocked / "m.weights.pt", 1.0)
+        weight_cache.wait_for_writers()
+    assert "not written" in caplog.text
+    assert tokens_of(built)
 
 
 @pytest.mark.parametrize("damage", ["cut", "foreign"])

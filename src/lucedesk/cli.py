@@ -315,3 +315,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    finally:
+        finish_writes()
+
+
+def finish_writes() -> None:
+    """Held weights a start is still writing (engine/weight_cache.py), finished before the
+    process exits: the next start maps them instead of packing them again."""
+    cache = sys.modules.get("lucedesk.engine.weight_cache")  # loaded only where an engine ran
+    if cache is not None:
+        cache.wait_for_writers(lambda text: print(f"lucedesk: {text}", file=sys.stderr))

@@ -179,7 +179,8 @@ def show_profiles(args: argparse.Namespace) -> int:
         free = available_memory(resolve_device(config.device), config.unified_memory)
         pool, basis = pool_basis(config, model_config, dtype, free, max_len)
     except ConfigError as exc:  # a profile for a device this machine lacks: what it would take
-        pool = config.kv_pool_tokens or config.max_slots * max_len
+        pool = (config.kv_pool_tokens or config.max_slots * max_len) // config.block_size
+        pool *= config.block_size
         most = (
             "kv_pool_tokens" if config.kv_pool_tokens else f"{config.max_slots} slots x {max_len}"
         )
@@ -324,6 +325,9 @@ def tui(args: argparse.Namespace) -> int:
     # Everything is closed by now (generation stopped, the server and the store closed):
     # the interpreter's own teardown of torch and the model, a second more of a blank
     # terminal, is skipped.
+    from lucedesk.engine import wait_for_writers
+
+    wait_for_writers(lambda text: say(f"lucedesk: {text}"))  # os._exit skips the cli's wait
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(app.return_code or 0)

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
         launch_engine,
         resolve_device,
         resolve_dtype,
+        wait_for_writers,
         weight_cache_root,
     )
     from lucedesk.engine.memory import (
@@ -56,6 +57,7 @@ _BUILD_NAMES = (
     "launch_engine",
     "resolve_device",
     "resolve_dtype",
+    "wait_for_writers",
     "weight_cache_root",
 )
 _MEMORY_NAMES = ("available_memory", "dtype_name", "fit_now", "return_free_memory", "unreadable")
@@ -97,6 +99,7 @@ __all__ = [
     "resolve_device",
     "resolve_dtype",
     "launch_engine",
+    "wait_for_writers",
     "weight_cache_root",
 ]
 

@@ -30,7 +30,10 @@ from lucedesk.engine.models.gguf_blocks import FOUR_BIT_TYPES, LOW_BIT_TYPES
 from lucedesk.engine.models.loader import LoadedModel, load_model
 from lucedesk.engine.runner import TorchSeqEngine
 from lucedesk.engine.scheduler import Scheduler
-from lucedesk.engine.weight_cache import weight_cache_root  # noqa: F401 (the front door's)
+from lucedesk.engine.weight_cache import (  # noqa: F401 (the front door's)
+    wait_for_writers,
+    weight_cache_root,
+)
 from lucedesk.errors import ConfigError
 from lucedesk.kernels import resolve_kernels
 
@@ -99,6 +102,8 @@ def build_engine(
         check_fits(summarize_path(path), config, device.type, dtype_name(dtype), free, what)
     # Held weights from an earlier start, mapped (engine/weight_cache.py), where kept.
     cache = held_weights_file(path, config, device, dtype)
+    if cache is not None:
+        weight_cache.sweep(cache.parent)
     cached = cache is not None and cache.is_file()
     read = dict(name=name, chat_template=chat_template, lazy_experts=True)
     loaded = load_model(path, dtype, read_weights=not cached, **read)

@@ -11,17 +11,22 @@ and are the page cache's to drop again.
 
 The file's name holds the model files' fingerprint (catalog/fingerprint.py) and everything
 else that decides the held form: the weight setting, the CPU's kernel paths (VNNI, AMX
-tiles), the dtype, the lucedesk version and PACKING. Files that fail to load are removed
-and the weights packed again; all of them together stay under `weight_cache_gb`, least
-recently used out first.
+tiles), the dtype, the lucedesk version and a digest of the modules that read and pack the
+weights (PACKERS), so a change to any of them makes older files foreign. Files that fail to
+load are removed and the weights packed again; all of them together stay under
+`weight_cache_gb`, least recently used out first (a held form larger than that is not
+written).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import importlib.util
 import logging
 import os
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -33,8 +38,31 @@ from lucedesk.engine.models.decoder import DecoderModel
 
 log = logging.getLogger(__name__)
 
-PACKING = 2  # the held layouts' version: a change to them makes older files foreign
 SUFFIX = ".weights.pt"
+# The modules whose code decides what the held weights hold: how a file's blocks are read,
+# how levels and scales are packed, which weights take which form.
+PACKERS = (
+    "lucedesk.engine.models.gguf_blocks",
+    "lucedesk.engine.models.gguf_file",
+    "lucedesk.engine.models.expert_weights",
+    "lucedesk.engine.models.weights",
+    "lucedesk.engine.build",
+    "lucedesk.kernels.quantized",
+    "lucedesk.kernels.scales",
+    "lucedesk.kernels.held_state",
+)
+_writing: set[Path] = set()  # files a thread of this process is writing
+_writers: list[threading.Thread] = []
+
+
+@functools.cache
+def packing_digest() -> str:
+    """A digest of PACKERS' source files."""
+    digest = hashlib.sha256()
+    for name in PACKERS:
+        spec = importlib.util.find_spec(name)
+        digest.update(Path(spec.origin).read_bytes() if spec and spec.origin else name.encode())
+    return digest.hexdigest()[:16]
 
 
 def weight_cache_root() -> Path:
@@ -52,7 +80,7 @@ def cache_file(model_path: Path, weights: str, dtype: torch.dtype) -> Path:
     from lucedesk.kernels.quantized import int8_tiles_available, lowbit_vector_available
 
     paths = (lowbit_vector_available(), int8_tiles_available())
-    key = "|".join(map(str, (weights, dtype, paths, __version__, PACKING)))
+    key = "|".join(map(str, (weights, dtype, paths, __version__, packing_digest())))
     tail = hashlib.sha256(key.encode()).hexdigest()[:16]
     return weight_cache_root() / f"{model_fingerprint(model_path)[:32]}-{tail}{SUFFIX}"
 
@@ -117,50 +145,83 @@ def load(model: DecoderModel, file: Path) -> bool:
     return True
 
 
-def save_in_background(model: DecoderModel, file: Path, limit_gb: float) -> threading.Thread:
-    """Writes the held weights to `file` on a thread (a temporary name, renamed when
-    whole), then keeps the folder under `limit_gb`. The tensors are the engine's own: they
-    are never written once packed. The process waits for the thread before it exits (a
-    server stopped right after its first start still leaves the file whole); one killed
-    meanwhile leaves a temporary file that `evict` removes later."""
+def save_in_background(model: DecoderModel, file: Path, limit_gb: float) -> None:
+    """Writes the held weights to `file` on a thread (a temporary file, renamed when whole),
+    then keeps the folder under `limit_gb`; nothing where they alone exceed it or a thread
+    of this process writes that file already. The tensors are the engine's own: they are
+    never written once packed. `wait_for_writers` lets a process that exits finish them; one
+    killed meanwhile leaves a temporary file that a later start removes (`sweep`)."""
     state = held_state(model)
+    parts = [state["params"], *(tensors for tensors, _ in state["held"].values())]
+    size = sum(t.nbytes for part in parts for t in part.values())
+    if size > limit_gb * 1e9 or file in _writing:
+        return
+    _writing.add(file)
 
     def write() -> None:
         started = time.perf_counter()
-        partial = file.with_name(f"{file.name}.{os.getpid()}.partial")
+        partial = None
         try:
             file.parent.mkdir(parents=True, exist_ok=True)
+            handle, name = tempfile.mkstemp(
+                prefix=f"{file.name}.", suffix=".partial", dir=file.parent
+            )
+            os.close(handle)
+            partial = Path(name)
             torch.save(state, partial)
             partial.replace(file)
-        except OSError as exc:
+            partial = None
+            log.info("weight cache: %s written in %.1f s", file, time.perf_counter() - started)
+            evict(file.parent, limit_gb, keep=file)
+        except Exception as exc:  # a full disk, a folder that went away: packed next time
             log.warning("weight cache: %s not written (%s)", file, exc)
-            partial.unlink(missing_ok=True)
-            return
-        log.info("weight cache: %s written in %.1f s", file, time.perf_counter() - started)
-        evict(file.parent, limit_gb, keep=file)
+        finally:
+            if partial is not None:
+                partial.unlink(missing_ok=True)
+            _writing.discard(file)
 
-    thread = threading.Thread(target=write, name="lucedesk-weight-cache", daemon=False)
+    thread = threading.Thread(target=write, name="lucedesk-weight-cache", daemon=True)
+    _writers.append(thread)
     thread.start()
-    return thread
+
+
+def wait_for_writers(say=None) -> None:
+    """Until the held weights being written are whole (a process about to exit calls this);
+    `say` is told once if there is something to wait for."""
+    running = [t for t in _writers if t.is_alive()]
+    if running and say is not None:
+        say("keeping the weights as held for the next start...")
+    for thread in running:
+        thread.join()
+    _writers.clear()
+
+
+def sweep(folder: Path, older_than_s: float = 600) -> None:
+    """Temporary files of writes that did not end (a start killed while writing), older than
+    `older_than_s`: removed."""
+    now = time.time()
+    with contextlib.suppress(OSError):
+        for path in folder.glob(f"*{SUFFIX}.*.partial"):
+            with contextlib.suppress(OSError):
+                if now - path.stat().st_mtime > older_than_s:
+                    path.unlink()
 
 
 def evict(folder: Path, limit_gb: float, keep: Path | None = None) -> None:
-    """The least recently used files out until the rest fit `limit_gb` (never `keep`);
-    temporary files older than ten minutes (a start that died writing) go too."""
-    now = time.time()
+    """The least recently used files out until the rest fit `limit_gb` (never `keep`), and
+    stale temporary files (`sweep`)."""
+    sweep(folder)
     entries = []
-    for path in folder.iterdir():
+    for path in folder.glob(f"*{SUFFIX}"):
         with contextlib.suppress(OSError):
             stat = path.stat()
-            if path.name.endswith(".partial") and now - stat.st_mtime > 600:
-                path.unlink()
-            elif path.name.endswith(SUFFIX):
-                entries.append((stat.st_mtime, stat.st_size, path))
+            entries.append((stat.st_mtime, stat.st_size, path))
     total = sum(size for _, size, _ in entries)
     for _, size, path in sorted(entries):
         if total <= limit_gb * 1e9:
             break
         if path != keep:
-            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                path.unlink()
+                log.info("weight cache: %s removed (least recently used)", path.name)
             total -= size
-            log.info("weight cache: %s removed (least recently used)", path.name)

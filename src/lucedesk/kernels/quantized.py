@@ -312,6 +312,14 @@ class GroupedLowBitWeight(_LowBit):
     def kquant(self) -> bool:
         return self.d.dtype == torch.uint8
 
+    def _widen_scales(self) -> None:
+        """K-quant scales -> float32 ones, for the experts set so far (the rest are zero)."""
+        k = self.shape[1]
+        self.d, self.m = (
+            torch.stack([channel_blocks(scale_rows(s[e], k)) for e in range(self.num_experts)])
+            for s in (self.d, self.m)
+        )
+
     def compact(self) -> None:
         """Once every expert is set: the group scales as float16 where each is a float16
         value (a Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 or MXFP4 file's are), the same bits for fewer
@@ -328,11 +336,13 @@ class GroupedLowBitWeight(_LowBit):
         *factors: torch.Tensor,
     ) -> None:
         """One expert's levels (uint8 [N, K]) and group scales (float32 [N, K / 32]), and
-        where the weight holds K-quant scales their factors (gguf_blocks.Levels)."""
+        where the weight holds K-quant scales their factors (gguf_blocks.Levels); factors
+        that do not give the scales exactly turn every expert's scales to float32."""
         require(tuple(levels.shape) == self.shape, f"expert weights must be {self.shape}")
         self.q[expert], d_blocks, m_blocks = pack_levels(levels, d, m, self.bits)
+        if self.kquant and not exact_factors(d, m, factors):
+            self._widen_scales()  # (a damaged super-block scale): float32 scales for all
         if self.kquant:
-            require(exact_factors(d, m, factors), "K-quant factors must give d and m exactly")
             self.d[expert], self.m[expert] = (
                 kquant_scales(*factors[:2]),
                 kquant_scales(*factors[2:]),

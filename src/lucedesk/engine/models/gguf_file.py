@@ -278,7 +278,8 @@ class GGUFFile:
     def blocks(self, config: ModelConfig, layer: int | None, proj: str) -> FileBlocks:
         """One fused projection's blocks: its parts' types, and (`FileBlocks.levels`) where
         they are grids, levels uint8 [N, K] with d and m float32 [N, K / 32] and
-        weight = d * level + m, exactly as the file holds it."""
+        weight = d * level + m, exactly as the file holds it, then where every part is a
+        K-quant the factors of d and m (gguf_blocks.Levels)."""
         infos = self.projection_tensors(layer, proj)
         types = tuple(t.type_name for t in infos)
         return FileBlocks(types, lambda: self._levels(config, infos))

@@ -160,8 +160,9 @@ class SlotMonitor(Vertical):
         )
         # Fixed-size labels: updated without a layout pass of the whole screen.
         kv = f"{stats.blocks_used}/{stats.blocks_total} blocks of {stats.block_size} tokens"
-        if stats.pool_basis:  # why the pool is that size
-            kv += f" · {stats.pool_basis}"
+        basis = f"KV pool: {stats.pool_basis}" if stats.pool_basis else ""
+        if self.border_subtitle != basis:  # why the pool is that size, on the bottom border
+            self.border_subtitle = basis
         self.query_one("#kv-text", Label).update(kv, layout=False)
         self._rates.append(stats.tokens_per_s)
         if any(self._rates) or self.query_one(Sparkline).data != list(self._rates):
