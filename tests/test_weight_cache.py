@@ -142,3 +142,40 @@ def test_the_folder_keeps_under_its_bound(tmp_path):
     weight_cache.evict(tmp_path, limit_gb=600e-9, keep=tmp_path / f"m0{weight_cache.SUFFIX}")
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == [f"m0{weight_cache.SUFFIX}", f"m2{weight_cache.SUFFIX}"]
+
+
+def test_a_start_killed_while_writing_leaves_no_file_to_trust(files, cache_dir):
+    """kill -9 while the held weights are written: what is left is a temporary file (swept
+    later) or nothing, never a cut file under the final name; the next start packs again
+    and serves the same tokens."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import os, signal
+        from lucedesk.config import EngineConfig
+        from lucedesk.engine.build import build_engine
+        from lucedesk.engine import weight_cache
+        real = weight_cache.torch.save
+        def save(state, path):  # killed halfway through the write
+            with open(path, "wb") as f:
+                f.write(b"PK" + b"\\0" * 4096)
+                f.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+        weight_cache.torch.save = save
+        build_engine({str(files["dense"])!r}, EngineConfig(**{CONFIG!r}))
+        weight_cache.wait_for_writers()
+    """)
+    env = {**os.environ, "LUCEDESK_WEIGHT_CACHE": str(cache_dir)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, timeout=300)
+    assert done.returncode == -signal.SIGKILL
+    assert not list(cache_dir.glob("*.weights.pt"))
+    (partial,) = cache_dir.glob("*.weights.pt.*.partial")
+    want = tokens_of(start(files["dense"]))
+    assert len(list(cache_dir.glob("*.weights.pt"))) == 1
+    old = time.time() - 3600
+    os.utime(partial, (old, old))
+    again = start(files["dense"])  # maps the file, sweeps the stale one
+    assert tokens_of(again) == want and not partial.exists()
