@@ -229,6 +229,7 @@ def test_disconnect_mid_stream_frees_the_slot(server):
         # Leaving the block closes the connection mid-stream.
         wait_until(lambda: not slots_of(http, "http:disconnector"))
         wait_until(lambda: http.get("/slots").json()["blocks_used"] == 0)
+        assert http.get("/slots").json()["pool_basis"] == "set by kv_pool_tokens"
 
 
 def test_a_client_asks_for_an_interactive_slot_by_header(server, monkeypatch):

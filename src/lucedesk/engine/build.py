@@ -202,7 +202,7 @@ def assemble(loaded: LoadedModel, config: EngineConfig, device: torch.device) ->
         loaded.name, str(loaded.path), loaded.config.architecture, loaded.quantization, max_len
     )
     engine = Engine(runner, scheduler, loaded.tokenizer, info, config.max_waiting)
-    engine.pool_basis = basis
+    engine.say_pool_basis(basis)
     if config.disk_cache_gb > 0 and config.prefix_cache:
         engine.disk = open_disk_cache(loaded, config, runner, weights, kernels)
     log.info(

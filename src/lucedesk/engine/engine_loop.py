@@ -7,6 +7,7 @@ the scheduler, the SeqEngine and the output streams; other threads append to the
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -87,6 +88,12 @@ class EngineLoop:
 
     def stats(self) -> EngineStats:
         return self._stats
+
+    def say_pool_basis(self, basis: str) -> None:
+        """Why the KV pool holds what it holds (catalog.fit.pool_basis), in every stats
+        snapshot from now on."""
+        self.pool_basis = basis
+        self._stats = dataclasses.replace(self._stats, pool_basis=basis)
 
     @property
     def running(self) -> bool:

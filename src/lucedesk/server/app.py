@@ -334,6 +334,7 @@ def create_app(
             "blocks_used": s.blocks_used,
             "blocks_total": s.blocks_total,
             "block_size": s.block_size,
+            "pool_basis": s.pool_basis,
             "queued": s.num_waiting,
             "tokens_per_s": round(s.tokens_per_s, 2),
             "preemptions": s.num_preemptions,
