@@ -34,7 +34,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import llama_cpp_peer as peer
 from large_prompts import rss_mb
 
@@ -160,16 +159,8 @@ def time_to_ready(name: str, cmd: list[str], port: int, log_dir: Path) -> tuple[
     started = time.monotonic()
     server = peer.start_server(name, cmd, port, log_dir)
     try:
-        with httpx.Client(timeout=5) as client:
-            while time.monotonic() - started < 600:
-                if server.proc.poll() is not None:
-                    raise SystemExit(f"{name} exited with {server.proc.returncode}")
-                with contextlib.suppress(httpx.HTTPError, ValueError):
-                    r = client.get(server.url + "/health")
-                    if r.status_code == 200 and r.json().get("status") == "ok":
-                        return time.monotonic() - started, rss_mb(server.proc.pid)
-                time.sleep(0.02)
-        raise SystemExit(f"{name} was not ready in 600 s")
+        peer.wait_healthy(server, every=0.02)
+        return time.monotonic() - started, rss_mb(server.proc.pid)
     finally:
         peer.stop_server(server)
 

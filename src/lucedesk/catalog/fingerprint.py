@@ -9,6 +9,7 @@ of things computed from the weights (the KV on disk).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from pathlib import Path
 
@@ -32,10 +33,17 @@ def model_files(path: Path) -> list[Path]:
 
 
 def model_fingerprint(path: str | Path) -> str:
-    """A hex digest of the model's files (see the module's note)."""
+    """A hex digest of the model's files (see the module's note); taken once per process
+    while the files' sizes and modification times stay (a start asks for it twice: the held
+    weights' cache and the KV cache on disk)."""
+    stats = [(f, f.stat()) for f in model_files(Path(path))]
+    return _fingerprint(tuple((f, st.st_size, st.st_mtime_ns) for f, st in stats))
+
+
+@functools.lru_cache(maxsize=16)
+def _fingerprint(files: tuple[tuple[Path, int, int], ...]) -> str:
     digest = hashlib.sha256()
-    for file in model_files(Path(path)):
-        size = file.stat().st_size
+    for file, size, _ in files:
         digest.update(f"{file.name}\0{size}\0".encode())
         with file.open("rb") as f:
             digest.update(f.read(PIECE))
