@@ -9,6 +9,7 @@ import asyncio
 import random
 
 import pytest
+from textual.geometry import Region
 
 from lucedesk.tui.messages import PromptSubmitted
 from lucedesk.tui.widgets.chat_input import ChatInput
@@ -71,6 +72,25 @@ async def test_closing_panes_while_they_stream_never_crashes(env):
             pane.stop()
         await wait_for(pilot, lambda: not any(p.busy for p in screen.panes))
         assert app.return_code is None  # running, never crashed
+
+
+async def test_a_closed_panes_input_drawn_late_is_blank(env):
+    """A refresh begun before a pane closed can draw its input after the removal, when the
+    input has lost its styles: that draw is blank, not a KeyError that stops the app (the
+    test above hit it one run in a few)."""
+    app = make_app(env)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await started(pilot)
+        await screen.run_action("split")
+        await pilot.pause()
+        closed = screen.pane()
+        area = closed.query_one(ChatInput)
+        width, height = area.size
+        await pilot.press("ctrl+w")
+        await wait_for(pilot, lambda: closed not in screen.panes and not area.is_attached)
+        lines = area.render_lines(Region(0, 0, width, height))
+        assert [line.text for line in lines] == [" " * width] * height
+        assert app.return_code is None
 
 
 async def test_after_a_restart_focus_and_every_action_are_the_same_pane(env):

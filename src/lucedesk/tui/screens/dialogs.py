@@ -6,9 +6,10 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, Static, TextArea
+from textual.widgets import Button, Input, Label, Static
 
 from lucedesk.agent import split_text
+from lucedesk.tui.widgets.text_area import TextArea
 
 
 class FanoutDialog(ModalScreen[tuple[int, str] | None]):

@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 from textual import events
 from textual.binding import Binding
-from textual.widgets import TextArea
 
 from lucedesk.tui.messages import PromptSubmitted
+from lucedesk.tui.widgets.text_area import TextArea
 
 FOLD_LINES = 12  # a paste of more lines is folded into one
 
