@@ -1,7 +1,7 @@
-"""4- and 8-bit weights (kernels/quantized.py LowBitWeight, csrc/lowbit.h) and the `q4` format:
-the kernels against a torch reference of their arithmetic, the VNNI and plain paths giving
-the same bits, rows independent of their batch, GGUF 4-, 5- and 8-bit blocks taken exactly,
-and an engine on them giving each request its tokens alone."""
+"""4-, 6- and 8-bit weights (kernels/quantized.py LowBitWeight, csrc/lowbit.h) and the `q4`
+format: the kernels against a torch reference of their arithmetic, the VNNI and plain paths
+giving the same bits, rows independent of their batch, GGUF 4-, 5-, 6- and 8-bit blocks
+taken exactly, and an engine on them giving each request its tokens alone."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from lucedesk.kernels.quantized import (
     int8_tiles_available,
     lowbit_vector_available,
 )
+from lucedesk.kernels.scales import six_bit_rows
 from tests.engine_harness import make_engine, random_jobs, run_alone, run_jobs
 from tests.gguf_writer import random_k_quant, write_gguf
 
@@ -54,6 +55,70 @@ def random_levels(n: int, k: int, bits: int, seed: int):
     d = torch.rand(n, k // 32, generator=g) * 0.01
     m = -torch.rand(n, k // 32, generator=g) * 0.05
     return levels, d, m, g
+
+
+def random_six_bit(n: int, k: int, seed: int):
+    """6-bit levels with Q6_K's scales: d = factor (int8) * super (a float16 value) per
+    sixteen inputs, m = -32 d; (levels, d, m, (factor, super), generator)."""
+    g = torch.Generator().manual_seed(seed)
+    levels = torch.randint(0, 64, (n, k), generator=g, dtype=torch.uint8)
+    factor = torch.randint(-128, 128, (n, k // 16), generator=g).to(torch.int8)
+    super_ = (torch.rand(n, k // 256, generator=g) * 1e-3).half().float()
+    d = factor.float() * super_.repeat_interleave(16, 1)
+    return levels, d, -32 * d, (factor, super_), g
+
+
+def six_bit_reference(weight: LowBitWeight, x: torch.Tensor) -> torch.Tensor:
+    """The 6-bit kernels' arithmetic in float64: activations quantized as for the others
+    (127 / amax divided, not a reciprocal times 127), exact sums per sixteen inputs of
+    (level - 32) * xq, each times its own d."""
+    n, k = weight.shape
+    xf = x.float().view(len(x), k // 32, 32)
+    amax = xf.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
+    xq = torch.round(xf * inv).double().view(len(x), k // 16, 16)
+    xd = (amax / 127.0).double()[..., 0].repeat_interleave(2, 1)
+    values = (weight.levels().double() - 32).view(n, k // 16, 16)
+    isum = torch.einsum("rhk,nhk->rnh", xq, values)
+    return (isum * six_bit_rows(weight.d, k).double()[None] * xd[:, None]).sum(-1)
+
+
+@pytest.mark.parametrize("n,k", [(960, 512), (16, 256), (64, 1536)])
+def test_six_bit_weights_compute_their_stated_arithmetic(n, k):
+    """Q6_K's form as it is, 0.83 bytes a weight: each output within bfloat16 rounding of
+    the exact arithmetic (and float32 sums' rounding), the plain loops and the VNNI path the
+    same bits, every row what it is alone, a row of zeros zero, and the values
+    d * (level - 32)."""
+    levels, d, m, factors, g = random_six_bit(n, k, n + k)
+    x = torch.randn(37, k, generator=g).bfloat16()
+    x[3] = 0
+    outs = []
+    for vector in PATHS:
+        weight = LowBitWeight(levels, d, m, 6, vector=vector, factors=factors)
+        assert torch.equal(weight.levels(), levels)
+        assert torch.equal(weight.dequantize(), (levels.float() - 32) * d.repeat_interleave(16, 1))
+        got = weight(x)
+        want = six_bit_reference(weight, x)
+        # bf16 rounding of each, and float32 sums' rounding (outputs that cancel)
+        assert ((got.double() - want).abs() <= 2**-8 * want.abs() + 2**-20 * want.abs().max()).all()
+        assert torch.equal(got[3], torch.zeros(n, dtype=torch.bfloat16))
+        for start, end in [(0, 1), (5, 21), (30, 37), (36, 37)]:
+            assert torch.equal(weight(x[start:end]), got[start:end])
+        outs.append(got)
+    assert all(torch.equal(o, outs[0]) for o in outs), "the VNNI and plain paths differ"
+    assert weight.nbytes <= n * k * 0.83
+
+
+def test_six_bit_weights_need_their_factors():
+    levels, d, m, (factor, super_), _ = random_six_bit(32, 256, 1)
+    with pytest.raises(ValueError, match="need their factors"):
+        LowBitWeight(levels, d, m, 6)
+    with pytest.raises(ValueError, match="factors differ"):
+        LowBitWeight(levels, d * 1.5, m, 6, factors=(factor, super_))
+    with pytest.raises(ValueError, match="exceed 63"):
+        LowBitWeight(levels + 64, d, m, 6, factors=(factor, super_))
+    with pytest.raises(ValueError, match="K % 256"):
+        LowBitWeight(levels[:, :128], d[:, :8], m[:, :8], 6, factors=(factor[:, :8], super_))
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -158,27 +223,45 @@ def test_low_bit_weights_refuse_what_they_cannot_hold():
 
 @pytest.mark.parametrize(
     "qtype,top",
-    [(Q.Q4_0, 15), (Q.Q4_1, 15), (Q.Q4_K, 15), (Q.Q5_0, 31), (Q.Q5_1, 31), (Q.Q8_0, 255)],
-)
+    [
+        (Q.Q4_0, 15), (Q.Q4_1, 15), (Q.Q4_K, 15), (Q.Q5_0, 31), (Q.Q5_1, 31), (Q.Q8_0, 255),
+        (Q.Q6_K, 63),
+    ],
+)  # fmt: skip
 def test_blocks_give_gguf_dequantized_values(qtype, top):
     """The levels, d and m read from a block are the values gguf's own dequantizer gives,
     to the bit: d * level + m in float32 is the same product and sum (for Q5_0 and Q8_0,
-    whose values are d * (q - offset), exact either way)."""
+    whose values are d * (q - offset), exact either way; Q6_K's d is per sixteen values and
+    its value d * (level - 32)). Q6_K's factors give its d exactly; a Q6_K weight held from
+    them has the file's values."""
     rng = np.random.default_rng(int(qtype))
-    if qtype == Q.Q4_K:
-        raw = random_k_quant(8, 512, qtype, rng)
+    if qtype in (Q.Q4_K, Q.Q6_K):
+        raw = random_k_quant(16, 512, qtype, rng)
     else:
-        raw = quants.quantize((rng.standard_normal((8, 512)) * 0.1).astype(np.float32), qtype)
+        raw = quants.quantize((rng.standard_normal((16, 512)) * 0.1).astype(np.float32), qtype)
     want = quants.dequantize(raw, qtype).reshape(-1)
     held = block_levels(raw.reshape(-1), qtype.name)
-    assert held.bits == (4 if top == 15 else 8)
-    assert top // 2 < held.levels.max() <= top  # (Q5's fifth bit is read)
-    got = held.levels.reshape(-1, 32).astype(np.float32) * held.d[:, None] + held.m[:, None]
+    assert held.bits == {15: 4, 63: 6}.get(top, 8)
+    assert top // 2 < held.levels.max() <= top  # (Q5's fifth bit, Q6's high pairs are read)
+    if qtype == Q.Q6_K:
+        got = (held.levels.reshape(-1, 16).astype(np.float32) - 32) * held.d[:, None]
+        factor, super_ = held.factors
+        np.testing.assert_array_equal(factor * np.repeat(super_, 16), held.d)
+        weight = LowBitWeight(
+            torch.from_numpy(held.levels).view(16, 512),
+            *(torch.from_numpy(a).view(16, -1) for a in (held.d, held.m)),
+            bits=6,
+            factors=tuple(torch.from_numpy(a).view(16, -1) for a in held.factors),
+        )
+        np.testing.assert_array_equal(weight.dequantize().numpy().reshape(-1), want)
+    else:
+        got = held.levels.reshape(-1, 32).astype(np.float32) * held.d[:, None] + held.m[:, None]
     np.testing.assert_array_equal(got.reshape(-1), want)
 
 
 # Projections in every 4-bit type (q and k also through llama.cpp's row permutation), the
-# LM head in another type: held at 8 bits, with a notice naming it.
+# LM head and down in Q6_K as llama.cpp's Q4_K_M has them: held at 6 bits as the file has
+# them, with a notice naming them.
 FOUR_BIT = {
     "token_embd": Q.Q8_0,
     "output": Q.Q6_K,
@@ -188,7 +271,7 @@ FOUR_BIT = {
     "attn_output": Q.Q4_1,
     "ffn_gate": Q.Q4_K,
     "ffn_up": Q.Q4_0,
-    "ffn_down": Q.Q4_K,
+    "ffn_down": Q.Q6_K,
 }
 
 
@@ -200,18 +283,21 @@ def four_bit_gguf(tmp_path_factory):
 def test_q4_takes_the_files_blocks_exactly(four_bit_gguf, caplog):
     loaded = load_model(four_bit_gguf, torch.bfloat16)
     model = loaded.model
-    before = {p: model.layers[1].projections()[p].clone() for p in ("qkv_proj", "gate_up_proj")}
+    projections = ("qkv_proj", "gate_up_proj", "down_proj")
+    before = {p: model.layers[1].projections()[p].clone() for p in projections}
+    head = model.lm_head.clone()
     ids = torch.randint(0, loaded.config.vocab_size, (24,), generator=torch.Generator())
     plain = logits(loaded, ids)
     with caplog.at_level(logging.INFO, logger="lucedesk.engine.build"):
         assert apply_weight_format(model, "q4", "cpu") == "q4"
-    assert "Q6_K" in caplog.text  # the LM head's type, held at 8 bits
+    assert "at 6 bits as the file's levels (Q6_K)" in caplog.text  # down, the LM head
     for proj, weight in before.items():
         held = model.layers[1].quantized[proj]
-        assert held.bits == 4
+        assert held.bits == (6 if proj == "down_proj" else 4)
         # The bf16 model holds the same values: the same rows, fused in the same order.
         assert torch.equal(held.dequantize().bfloat16(), weight)
-    assert model.lm_head_quantized.bits == 8
+    assert model.lm_head_quantized.bits == 6
+    assert torch.equal(model.lm_head_quantized.dequantize().bfloat16(), head)
     got = logits(loaded, ids)
     assert (got - plain).abs().max() <= 0.05 * plain.abs().max()
     assert (got.argmax(-1) == plain.argmax(-1)).float().mean() >= 0.9
@@ -235,7 +321,8 @@ MIXED = {
 def test_five_and_eight_bit_blocks_are_held_as_the_files_levels(tmp_path, caplog, wanted):
     """Each weight whose parts are grids of levels holds the file's values exactly: with q4
     at 4 bits where every part is 4-bit, else at 8 bits with the file's float16 scales;
-    with int8 all at 8 bits. Only the Q6_K down projection is taken from its values.
+    with int8 all at 8 bits. The Q6_K down projection is held at 6 bits with q4, and with
+    int8 taken from its values.
     `auto` takes q4 for a file whose MLP is 5-bit where there are no AMX tiles."""
     path = write_gguf(tmp_path / "mixed.gguf", MIXED)
     loaded = load_model(path, torch.bfloat16)
@@ -256,13 +343,18 @@ def test_five_and_eight_bit_blocks_are_held_as_the_files_levels(tmp_path, caplog
             assert held[proj].bits == bits
             assert torch.equal(held[proj].dequantize().bfloat16(), before[proj])
         assert held["qkv_proj"].d.dtype == held["gate_up_proj"].d.dtype == torch.float16
-        assert held["down_proj"].bits == 8 and held["down_proj"].d.dtype == torch.float32
+        if wanted == "q4":
+            assert held["down_proj"].bits == 6
+            assert torch.equal(held["down_proj"].dequantize().bfloat16(), before["down_proj"])
+            assert "at 6 bits as the file's levels (Q6_K)" in caplog.text
+        else:
+            assert held["down_proj"].bits == 8 and held["down_proj"].d.dtype == torch.float32
+            assert "from their values (Q6_K)" in caplog.text
         lm_head = model.lm_head_quantized
         assert lm_head.bits == 8 and lm_head.d.dtype == torch.float16
         assert torch.equal(lm_head.dequantize().bfloat16(), head)
         assert "as the file's levels (Q5_0+Q5_1+Q8_0)" in caplog.text
         assert "as the file's levels (Q5_0+Q4_0)" in caplog.text
-    assert "from their values (Q6_K)" in caplog.text
     got = logits(loaded, ids)
     assert (got - plain).abs().max() <= 0.05 * plain.abs().max()
     # (where AMX tiles run int8, a 5-bit file stays there)

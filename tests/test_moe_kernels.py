@@ -1,5 +1,5 @@
 """The experts' matmuls: the grouped C++ low-bit pass (4-bit, MXFP4 through its level table,
-8-bit) gives each row exactly what its expert's weight alone gives it; the file's MXFP4 and
+6-bit, 8-bit) gives each row exactly what its expert's weight alone gives it; the file's MXFP4 and
 Q8_0 blocks are held exactly; the Triton grouped GEMM (in its interpreter here) equals the
 torch reference."""
 
@@ -24,6 +24,7 @@ from lucedesk.kernels.quantized import (
     lowbit_vector_available,
 )
 from tests.kernel_cases import DEVICE, TOL
+from tests.test_lowbit_weights import random_six_bit
 
 PATHS = [False, True] if lowbit_vector_available() else [False]
 FORMATS = [(4, None), (4, MXFP4_LEVELS), (8, None)]
@@ -201,6 +202,49 @@ def test_the_one_call_mixture_equals_the_per_expert_path(case):
             alone[proj].append(LowBitWeight(levels[e], d[e], m[e], bits, vector, table))
         block.experts.quantized[proj] = held
     x = (torch.randn(rows, hidden, generator=g) * 2).bfloat16()
+    with torch.inference_mode():
+        python = block(x, None)
+        block.fused = FusedLayerCalls()
+        one_call = block(x, None)
+        reference = per_expert_reference(block, x, alone)
+    assert torch.equal(one_call, python)
+    assert torch.equal(one_call, reference)
+    assert one_call.abs().max() > 0
+
+
+@pytest.mark.parametrize("vector", PATHS)
+def test_six_bit_experts_are_what_each_gives_alone(vector):
+    """Q6_K experts (a Q4_K_M file's down in some layers), held at 6 bits: the grouped pass
+    gives each pair what its expert alone gives, and the one-call mixture the Python path's
+    and the per-expert reference's bits."""
+    num_experts, top_k, hidden, inter = 16, 4, 256, 256
+    c = ModelConfig(
+        architecture="qwen3moe", vocab_size=32, hidden_size=hidden, intermediate_size=inter,
+        num_layers=1, num_heads=2, num_kv_heads=1, head_dim=32, num_experts=num_experts,
+        num_experts_per_tok=top_k, moe_intermediate_size=inter, hidden_act="silu",
+        router="softmax_topk", norm_topk_prob=True,
+    )  # fmt: skip
+    block = MoEBlock(c, torch.bfloat16).requires_grad_(False)
+    g = torch.Generator().manual_seed(6)
+    block.router.copy_(torch.randn(num_experts, hidden, generator=g))
+    alone: dict[str, list] = {}
+    for proj, (n, k) in (("gate_up", (2 * inter, hidden)), ("down", (hidden, inter))):
+        held = GroupedLowBitWeight(num_experts, (n, k), 6, vector=vector)
+        alone[proj] = []
+        for e in range(num_experts):
+            levels, d, m, factors, _ = random_six_bit(n, k, 100 * e + n)
+            held.set(e, levels, d, m, *factors)
+            alone[proj].append(LowBitWeight(levels, d, m, 6, vector, factors=factors))
+            assert torch.equal(held.dequantize(e), alone[proj][-1].dequantize())
+        held.compact()  # (nothing to compact at 6 bits)
+        assert held.d.dtype == torch.int8 and held.nbytes <= num_experts * n * k * 0.83
+        block.experts.quantized[proj] = held
+    x = (torch.randn(9, hidden, generator=g) * 2).bfloat16()
+    ids = torch.tensor([3, 1, 3, 7, 0, 2, 2, 5, 1, 15, 15, 3])
+    rows = torch.tensor([0, 1, 2, 3, 4, 0, 1, 2, 3, 8, 7, 8])
+    pairs = block.experts.quantized["gate_up"](x, ids, rows)
+    for p, (e, r) in enumerate(zip(ids.tolist(), rows.tolist(), strict=True)):
+        assert torch.equal(pairs[p], alone["gate_up"][e](x[r : r + 1])[0])
     with torch.inference_mode():
         python = block(x, None)
         block.fused = FusedLayerCalls()

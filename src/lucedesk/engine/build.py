@@ -259,8 +259,9 @@ def apply_weight_format(model: DecoderModel, wanted: str, kernels: str) -> str:
     - q4: a GGUF file's blocks as they are: 4-bit ones (Q4_0, Q4_1, Q4_K) at 4 bits, 0.625
       to 0.75 bytes a weight; Q5_0, Q5_1 and Q8_0 ones (and a fused weight with such a
       part) at 8 bits, 1.125 bytes where the scales are float16 (1.25 where a Q4_K part's
-      are not); a weight in any other type (Q5_K, Q6_K, float) at 8 bits from its values,
-      1.25 bytes (`_maker` logs which were held how);
+      are not); Q6_K ones at 6 bits, 0.83 bytes (their int8 scales per sixteen inputs as
+      they are); a weight in any other type (Q5_K, float, or Q6_K fused with another type)
+      at 8 bits from its values, 1.25 bytes (`_maker` logs which were held how);
     - int8: an affine scale per 32 inputs, 1.125 to 1.25 bytes a weight (the file's levels
       where its blocks are grids, as for q4 but all at 8 bits).
     `auto` takes q4 where the VNNI kernels run for a file in Q4_0, Q4_1 or Q4_K, and for
@@ -342,8 +343,9 @@ def _maker(
     model: DecoderModel, wanted: str
 ) -> Callable[[int | None, str, torch.Tensor], Projection]:
     """Each weight as the file's levels where its blocks are grids (FileBlocks.bits): for
-    q4 at 4 bits where every part is in a 4-bit type, else (and for int8) at 8 bits, the
-    scales float16 where the file's are; any other weight at 8 bits from its values. int8
+    q4 at 4 bits where every part is in a 4-bit type, at 6 where every part is Q6_K, else
+    (and for int8) at 8 bits, the scales float16 where the file's are (int8 takes a Q6_K
+    weight from its values); any other weight at 8 bits from its values. int8
     takes AMX tiles where the CPU has them, from the values. One notice (the LM head comes
     last) says how many weights were held which way, by type."""
     from lucedesk.kernels.quantized import (
@@ -362,7 +364,9 @@ def _maker(
         if not (low_bit and LowBitWeight.fits(w.shape)):
             made: Projection = Int8Weight(w)
             how = "at 8 bits from their values"
-        elif blocks is not None and blocks.bits is not None:
+        elif (
+            blocks is not None and blocks.bits is not None and (wanted == "q4" or blocks.bits != 6)
+        ):
             bits = blocks.bits if wanted == "q4" else 8
             levels, d, m, *factors = blocks.levels
             made = LowBitWeight(levels, d, m, bits=bits, factors=tuple(factors) or None)

@@ -48,6 +48,7 @@ PACKERS = (
     "lucedesk.engine.models.weights",
     "lucedesk.engine.build",
     "lucedesk.kernels.quantized",
+    "lucedesk.kernels.levels",
     "lucedesk.kernels.scales",
     "lucedesk.kernels.held_state",
 )

@@ -3,13 +3,14 @@ w = d * level + m per group of 32 inputs, in one of three layouts, each its kern
 
 - `Int8Weight` (csrc/int8.h): any [N, K] weight as signed int8 levels, on AMX tiles where
   the CPU has them (the values pre-arranged for the tiles), else in plain loops.
-- `LowBitWeight` (csrc/lowbit.h): one [N, K] weight as 4- or 8-bit levels.
+- `LowBitWeight` (csrc/lowbit.h): one [N, K] weight as 4-, 6- or 8-bit levels.
 - `GroupedLowBitWeight`: a mixture of experts' [N, K] weights as `LowBitWeight` holds one,
   multiplied in one grouped pass over (row, expert) pairs.
 
 At 4 bits a level is either the nibble itself (llama.cpp's Q4_0, Q4_1 and Q4_K blocks) or a
 nibble looked up in a 16-entry table (MXFP4's codes, see `MXFP4_LEVELS`); at 8 bits any
-weight to within 1/510 of its group's range (`quantize_groups`), and Q8_0 blocks exactly.
+weight to within 1/510 of its group's range (`quantize_groups`), and Q8_0 blocks exactly;
+6 bits are Q6_K's blocks as they are, w = d * (level - 32) with a d per sixteen inputs.
 The low-bit kernels quantize activations per row to int8 with one scale per 32 inputs and
 each group's dot product is exact integer arithmetic (AVX512-VNNI where the CPU has it,
 plain loops elsewhere, the same bits either way). In every layout a row's result is
@@ -22,6 +23,17 @@ import torch
 
 from lucedesk.kernels.checks import require
 from lucedesk.kernels.cpu_build import KernelUnavailable, load_cpu_ops
+from lucedesk.kernels.levels import (
+    affine,
+    eight_bit,
+    fits,
+    pack_codes,
+    pack_levels,
+    quantize_rows,
+    six_bit_held,
+    six_bit_values,
+    unpack_levels,
+)
 from lucedesk.kernels.scales import (
     GROUP,
     channel_blocks,
@@ -31,9 +43,9 @@ from lucedesk.kernels.scales import (
     kquant_fits,
     kquant_scales,
     scale_rows,
+    six_bit_rows,
 )
 
-ROWS_AT_ONCE = 4096  # bounds the float copies while quantizing a big LM head
 # MXFP4 (e2m1) codes as levels: code c is 2 * value(c) + 12, so with d = scale / 2 and
 # m = -12 d, w = d * level + m is exactly the code's value times the block's scale.
 MXFP4_LEVELS = (12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0)
@@ -54,106 +66,6 @@ def int8_tiles_available() -> bool:
 def lowbit_vector_available() -> bool:
     """Whether the 4/8-bit weight kernels run on AVX512-VNNI here (their fast path)."""
     return _cpu_has("lowbit_vector_available")
-
-
-def fits(shape: tuple[int, ...]) -> bool:
-    """Whether a [N, K] weight takes the fast layouts: whole groups, whole 16-channel blocks."""
-    n, k = shape[-2:]
-    return k % GROUP == 0 and n % 16 == 0
-
-
-def quantize_groups(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """groups: [..., 32] float32 -> (q int8, d, m) with groups ~= d * q + m.
-
-    Three grids are tried per group and the closest kept: min..max over all 256 levels
-    (exact for Q4_1/Q4_K groups, whose extremes are levels 0 and 15), +-max|w| over
-    +-127 (exact for Q8_0), and the max-magnitude value at level -128 (exact for Q4_0,
-    whose scale puts it at -8 of 16 levels)."""
-    low, high = groups.amin(-1), groups.amax(-1)
-    peak = torch.where(high.abs() >= low.abs(), high, low)  # signed value of largest magnitude
-    tiny = torch.finfo(torch.float32).tiny
-    d_affine = ((high - low) / 255).clamp(min=tiny)
-    candidates = [
-        (d_affine, low + 128 * d_affine),
-        ((peak.abs() / 127).clamp(min=tiny), torch.zeros_like(low)),
-        (
-            torch.where(peak < 0, 1.0, -1.0) * (peak.abs() / 128).clamp(min=tiny),
-            torch.zeros_like(low),
-        ),
-    ]
-    best = None
-    for d, m in candidates:
-        q = torch.round((groups - m[..., None]) / d[..., None]).clamp(-128, 127)
-        err = (q * d[..., None] + m[..., None] - groups).abs().amax(-1)
-        if best is None:
-            best = [q, d, m, err]
-        else:
-            better = err < best[3]
-            best = [
-                torch.where(better[..., None], q, best[0]),
-                torch.where(better, d, best[1]),
-                torch.where(better, m, best[2]),
-                torch.minimum(err, best[3]),
-            ]
-    return best[0].to(torch.int8), best[1], best[2]
-
-
-def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Any [N, K] weight -> (q int8 [N, K / 32, 32], d and m float32 [N, K / 32]) by
-    `quantize_groups`, a bounded number of rows at a time."""
-    n, k = weight.shape
-    require(k % GROUP == 0, f"quantized weights need inputs in groups of 32, got {k}")
-    parts = [
-        quantize_groups(rows.float().view(-1, k // GROUP, GROUP))
-        for rows in weight.detach().split(ROWS_AT_ONCE)
-    ]
-    q, d, m = (torch.cat(t) for t in zip(*parts))
-    return q, d, m
-
-
-def eight_bit(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Any [N, K] weight as 8-bit (levels uint8 [N, K], d, m) (see `quantize_groups`)."""
-    q, d, m = quantize_rows(weight)
-    levels = (q.to(torch.int16) + 128).to(torch.uint8).view(weight.shape)
-    return levels, d, m - 128 * d
-
-
-def affine(levels: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """levels [N, K], d and m [N, K / 32] -> [N, K] float32 d * level + m."""
-    n, k = levels.shape
-    return (levels.float().view(n, -1, GROUP) * d[..., None] + m[..., None]).view(n, k)
-
-
-def pack_levels(
-    levels: torch.Tensor, d: torch.Tensor, m: torch.Tensor, bits: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """levels uint8 [N, K] (below 2**bits), d and m float32 [N, K / 32] -> the low-bit
-    kernels' layout: q [N/16, K/32, 64 * bits], d and m [N/16, K/32, 16]."""
-    n, k = levels.shape
-    require(bits in (4, 8), f"bits must be 4 or 8, got {bits}")
-    require(fits((n, k)), f"low-bit weights need N % 16 == 0 and K % 32 == 0, got {n}x{k}")
-    require(levels.dtype == torch.uint8, f"levels must be uint8, got {levels.dtype}")
-    require(
-        tuple(d.shape) == tuple(m.shape) == (n, k // GROUP),
-        f"group scales must be [{n}, {k // GROUP}], got {tuple(d.shape)}",
-    )
-    # [N/16, 16 channels, K/32, 8 quads, 4] -> [N/16, K/32, 8 quads, 16 channels, 4]
-    v = levels.view(n // 16, 16, k // 32, 8, 4).permute(0, 2, 3, 1, 4).reshape(-1, 512)
-    if bits == 4:
-        require(int(levels.max()) < 16 if levels.numel() else True, "4-bit levels exceed 15")
-        v = v[:, :256] | (v[:, 256:] << 4)
-    q = v.reshape(n // 16, k // 32, 64 * bits).contiguous()
-    return q, channel_blocks(d), channel_blocks(m)
-
-
-def unpack_levels(
-    q: torch.Tensor, bits: int, n: int, k: int, lut: torch.Tensor | None = None
-) -> torch.Tensor:
-    """The levels back in [N, K] order (the stored codes looked up where there is a
-    table)."""
-    v = torch.cat([q & 0x0F, q >> 4], dim=-1) if bits == 4 else q
-    codes = v.reshape(n // 16, k // 32, 8, 16, 4).permute(0, 3, 1, 2, 4).reshape(n, k)
-    return codes if lut is None else lut[codes.long()]
 
 
 class QuantizedWeight:
@@ -233,9 +145,9 @@ class _LowBit(QuantizedWeight):
 
 
 class LowBitWeight(_LowBit):
-    """A [N, K] weight as 4- or 8-bit levels: weights never widened in memory; a decode
-    step reads 0.625 (4-bit, float16 scales) to 1.25 (8-bit, float32 scales) bytes a
-    weight."""
+    """A [N, K] weight as 4-, 6- or 8-bit levels: weights never widened in memory; a
+    decode step reads 0.59 (4-bit, K-quant scales) to 1.25 (8-bit, float32 scales) bytes a
+    weight, 0.83 at 6 bits."""
 
     def __init__(
         self,
@@ -249,10 +161,14 @@ class LowBitWeight(_LowBit):
     ) -> None:
         """levels: uint8 [N, K] below 2**bits (with `table`: nibbles indexing it); d, m:
         float32 [N, K / 32]; `factors` (a K-quant's, see gguf_blocks.Levels), where they
-        give d and m exactly, are held in their stead (0.59 bytes a 4-bit weight)."""
+        give d and m exactly, are held in their stead (0.59 bytes a 4-bit weight). At 6 bits
+        d and m are per sixteen inputs and the factors are needed (`six_bit_held`)."""
         super().__init__(bits, table, vector)
         self.shape = tuple(levels.shape)
-        if exact_factors(d, m, factors):
+        if bits == 6:
+            self.q = pack_codes(levels, bits)
+            self.d, self.m = six_bit_held(d, m, factors)
+        elif exact_factors(d, m, factors):
             self.q = pack_levels(levels, d, m, bits)[0]
             self.d, self.m = kquant_scales(*factors[:2]), kquant_scales(*factors[2:])
         else:
@@ -271,6 +187,8 @@ class LowBitWeight(_LowBit):
     def dequantize(self) -> torch.Tensor:
         """[N, K] float32: d * level + m."""
         k = self.shape[1]
+        if self.bits == 6:
+            return six_bit_values(self.levels(), six_bit_rows(self.d, k))
         return affine(self.levels(), scale_rows(self.d, k), scale_rows(self.m, k))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -298,10 +216,14 @@ class GroupedLowBitWeight(_LowBit):
         d and m."""
         n, k = shape
         require(fits(shape), f"low-bit weights need N % 16 == 0 and K % 32 == 0, got {n}x{k}")
-        require(not kquant or kquant_fits(k), "K-quant scales need K % 256 == 0")
+        require(not (kquant or bits == 6) or kquant_fits(k), "K-quant scales need K % 256 == 0")
         super().__init__(bits, table, vector)
         self.num_experts, self.shape = num_experts, (n, k)
         self.q = torch.zeros(num_experts, n // 16, k // 32, 64 * bits, dtype=torch.uint8)
+        if bits == 6:  # (no m)
+            self.d = torch.zeros(num_experts, n // 16, k // 32 * 40, dtype=torch.int8)
+            self.m = torch.zeros(num_experts, 0, dtype=torch.int8)
+            return
         if kquant:
             self.d = torch.zeros(num_experts, n // 16, k // 32 * 24, dtype=torch.uint8)
         else:
@@ -311,6 +233,11 @@ class GroupedLowBitWeight(_LowBit):
     @property
     def kquant(self) -> bool:
         return self.d.dtype == torch.uint8
+
+    @property
+    def takes_factors(self) -> bool:
+        """Whether `set` takes each expert's scale factors (K-quant and 6-bit weights)."""
+        return self.kquant or self.bits == 6
 
     def _widen_scales(self) -> None:
         """K-quant scales -> float32 ones, for the experts set so far (the rest are zero)."""
@@ -324,7 +251,7 @@ class GroupedLowBitWeight(_LowBit):
         """Once every expert is set: the group scales as float16 where each is a float16
         value (a Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 or MXFP4 file's are), the same bits for fewer
         bytes (an 8-bit weight 1.125 instead of 1.25)."""
-        if not self.kquant:
+        if not self.takes_factors:
             self.d, self.m = compact_scales(self.d, self.m)
 
     def set(
@@ -339,6 +266,10 @@ class GroupedLowBitWeight(_LowBit):
         where the weight holds K-quant scales their factors (gguf_blocks.Levels); factors
         that do not give the scales exactly turn every expert's scales to float32."""
         require(tuple(levels.shape) == self.shape, f"expert weights must be {self.shape}")
+        if self.bits == 6:
+            self.q[expert] = pack_codes(levels, 6)
+            self.d[expert] = six_bit_held(d, m, factors)[0]
+            return
         self.q[expert], d_blocks, m_blocks = pack_levels(levels, d, m, self.bits)
         if self.kquant and not exact_factors(d, m, factors):
             self._widen_scales()  # (a damaged super-block scale): float32 scales for all
@@ -354,6 +285,8 @@ class GroupedLowBitWeight(_LowBit):
         """One expert's [N, K] float32 weight."""
         levels = unpack_levels(self.q[expert], self.bits, *self.shape, self.lut)
         k = self.shape[1]
+        if self.bits == 6:
+            return six_bit_values(levels, six_bit_rows(self.d[expert], k))
         return affine(levels, scale_rows(self.d[expert], k), scale_rows(self.m[expert], k))
 
     def __call__(

@@ -1,6 +1,7 @@
 """The group scales of the low-bit kernels' weights, as they are laid out for them
 (csrc/lowbit.h): float32 or float16 per sixteen channels and group of 32 inputs, or a
-K-quant's uint8 factors with float32 super-block scales; and back to [N, K / 32] rows."""
+K-quant's uint8 factors with float32 super-block scales, or a 6-bit weight's int8 factors
+per sixteen inputs with float32 super-block scales; and back to rows."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 
 GROUP = 32
 SUPER = 256  # a K-quant super-block: eight groups sharing one scale the groups' factors multiply
+HALF = 16  # a 6-bit weight's scales: one per sixteen inputs
 
 
 def channel_blocks(scales: torch.Tensor) -> torch.Tensor:
@@ -37,6 +39,28 @@ def kquant_scales(factor: torch.Tensor, super_: torch.Tensor) -> torch.Tensor:
     supers = super_.float().reshape(n // 16, 16, groups * GROUP // SUPER).transpose(1, 2)
     supers = supers.contiguous().view(torch.uint8)
     return torch.cat([factors.reshape(n // 16, -1), supers.reshape(n // 16, -1)], 1).contiguous()
+
+
+def six_bit_scales(factor: torch.Tensor, super_: torch.Tensor) -> torch.Tensor:
+    """A 6-bit weight's scales (Q6_K's), factor int8 [N, K / 16] and super float32
+    [N, K / 256] (d = factor * super for sixteen inputs) -> the kernels' int8
+    [N / 16, K / 32 * 40]: per block of sixteen channels its factors [K / 16, 16] (a group's
+    first sixteen inputs', then its second sixteen's), then its super scales [K / 256, 16]
+    as float32 bytes (csrc/lowbit.h)."""
+    n, halves = factor.shape
+    factors = factor.to(torch.int8).reshape(n // 16, 16, halves).transpose(1, 2)
+    supers = super_.float().reshape(n // 16, 16, halves * HALF // SUPER).transpose(1, 2)
+    supers = supers.contiguous().view(torch.int8)
+    return torch.cat([factors.reshape(n // 16, -1), supers.reshape(n // 16, -1)], 1).contiguous()
+
+
+def six_bit_rows(scales: torch.Tensor, k: int) -> torch.Tensor:
+    """`six_bit_scales` undone: -> d float32 [N, K / 16]."""
+    blocks, halves = scales.shape[0], k // HALF
+    factors = scales[:, : halves * 16].reshape(blocks, halves, 16).float()
+    supers = scales[:, halves * 16 :].contiguous().view(torch.float32).view(blocks, -1, 16)
+    d = factors * supers.repeat_interleave(SUPER // HALF, dim=1)
+    return d.transpose(1, 2).reshape(-1, halves)
 
 
 def scale_rows(scales: torch.Tensor, k: int) -> torch.Tensor:

@@ -71,10 +71,11 @@ def materialize_dense(model: DecoderModel) -> None:
 
 
 def quantize_experts(model: DecoderModel, weights: str) -> None:
-    """Every expert weight as low-bit levels: for `q4`, the file's 4- or 8-bit levels where
-    its blocks are a grid; for `int8`, its 8-bit levels (Q5_0/Q5_1/Q8_0) where they are; else each
-    expert widened alone and held at 8 bits. Dense copies are released."""
-    from lucedesk.kernels.quantized import GroupedLowBitWeight, eight_bit
+    """Every expert weight as low-bit levels: for `q4`, the file's 4-, 6- or 8-bit levels
+    where its blocks are a grid; for `int8`, its 8-bit levels (Q5_0/Q5_1/Q8_0) where they
+    are; else each expert widened alone and held at 8 bits. Dense copies are released."""
+    from lucedesk.kernels.levels import eight_bit
+    from lucedesk.kernels.quantized import GroupedLowBitWeight
     from lucedesk.kernels.scales import kquant_fits
 
     source = model.expert_source
@@ -99,7 +100,7 @@ def quantize_experts(model: DecoderModel, weights: str) -> None:
                     parts = (torch.from_numpy(lv.levels).view(n, k),) + tuple(
                         torch.from_numpy(a).view(n, -1) for a in (lv.d, lv.m)
                     )
-                    if held.kquant:
+                    if held.takes_factors:
                         parts += tuple(torch.from_numpy(a).view(n, -1) for a in lv.factors)
                 else:
                     w = param[e] if param.numel() else source.expert(i, proj, e)
@@ -115,7 +116,7 @@ def quantize_experts(model: DecoderModel, weights: str) -> None:
 
 def experts_fit(model: DecoderModel) -> bool:
     """Whether every expert weight has whole 16-channel blocks and 32-input groups."""
-    from lucedesk.kernels.quantized import fits
+    from lucedesk.kernels.levels import fits
 
     return all(
         fits(moe.experts.shapes[proj][1:])

@@ -18,6 +18,9 @@ blocks hold it, for the low-bit kernels to take as is (`block_levels`).
                            16 bytes of low nibbles; value = d * (level - 16), level in 0..31:
                            8-bit levels with m = -16 d.
     Q5_1 (24 bytes / 32):  fp16 d and m, then as Q5_0; value = d * level + m.
+    Q6_K (210 bytes / 256): 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales
+                           (one per sixteen values), fp16 d; value = d * scale * (level - 32),
+                           level in 0..63: 6-bit levels with d and m per sixteen values.
 
 In Q4_0, Q4_1, Q5_0, Q5_1 and MXFP4 a block's byte j of nibbles holds value j (low nibble)
 and j + 16 (high); in Q4_K each 32 bytes hold two groups, the low nibbles the first.
@@ -52,7 +55,7 @@ SUPPORTED_TYPES = (  # `dequantize_blocks` reads these
 )
 FOUR_BIT_TYPES = ("Q4_0", "Q4_1", "Q4_K")  # levels are the nibbles themselves
 EIGHT_BIT_TYPES = ("Q5_0", "Q5_1", "Q8_0")  # levels below 256 with one d and m a group
-LEVEL_TYPES = (*FOUR_BIT_TYPES, "MXFP4", *EIGHT_BIT_TYPES)  # held exactly by `block_levels`
+LEVEL_TYPES = (*FOUR_BIT_TYPES, "MXFP4", *EIGHT_BIT_TYPES, "Q6_K")  # `block_levels` holds exactly
 GRID_TYPES = (*FOUR_BIT_TYPES, *EIGHT_BIT_TYPES)  # levels without a table: parts can be fused
 LOW_BIT_TYPES = (*FOUR_BIT_TYPES, "Q5_0", "Q5_1")  # the types of a file `q4` weights are for
 
@@ -61,7 +64,9 @@ class Levels(NamedTuple):
     """A grid a low-bit weight takes as it is: codes (nibbles or bytes) in value order,
     d and m per group of 32, the bit width, and for table formats the code -> level
     table. A K-quant's scales come `factors` too: d = d_factor * d_super and m = m_factor *
-    m_super (uint8 per group of 32, float32 per super-block of 256), exactly."""
+    m_super (uint8 per group of 32, float32 per super-block of 256), exactly. At 6 bits
+    (Q6_K) d and m are per sixteen values, m = -32 d, and the factors (d_factor int8 per
+    sixteen values, d_super float32 per 256) give d."""
 
     levels: np.ndarray
     d: np.ndarray
@@ -118,6 +123,22 @@ def _q4_k_groups(raw: np.ndarray) -> Levels:
     return Levels(levels.reshape(-1), group_d.reshape(-1), group_m.reshape(-1), 4, None, factors)
 
 
+def _q6_k_groups(raw: np.ndarray) -> Levels:
+    """Q6_K blocks -> levels uint8 [values] in 0..63, d = scale * d_super and m = -32 d
+    float32 [values / 16], in the tensor's value order (as gguf's decoder orders them)."""
+    blocks = raw.reshape(-1, 210)
+    ql = blocks[:, :128].reshape(-1, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    qh = blocks[:, 128:192].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(
+        1, 1, 4, 1
+    )
+    levels = (ql & 0x0F).reshape(-1, 256) | ((qh & 0x03).reshape(-1, 256) << 4)
+    factor = blocks[:, 192:208].copy().view(np.int8)
+    super_ = blocks[:, 208:210].copy().view(np.float16).astype(np.float32)
+    d = (factor.astype(np.float32) * super_).reshape(-1)
+    factors = (factor.reshape(-1), super_.reshape(-1))
+    return Levels(levels.reshape(-1), d, -32 * d, 6, None, factors)
+
+
 def block_levels(raw: np.ndarray, type_name: str) -> Levels:
     """Any type of LEVEL_TYPES -> its levels; ValueError for another type."""
     if type_name in SIMPLE_BLOCKS:
@@ -125,6 +146,8 @@ def block_levels(raw: np.ndarray, type_name: str) -> Levels:
         return Levels(*_simple_groups(raw, type_name), bits=bits)
     if type_name == "Q4_K":
         return _q4_k_groups(raw)
+    if type_name == "Q6_K":
+        return _q6_k_groups(raw)
     if type_name == "MXFP4":
         from gguf.quants import MXFP4
 
@@ -174,10 +197,13 @@ class FileBlocks:
 
     @property
     def bits(self) -> int | None:
-        """4 where every part is in a 4-bit type, 8 where every part's levels are below 256
-        (4-bit ones among them), None where a part is not a grid of levels."""
+        """4 where every part is in a 4-bit type, 6 where every part is Q6_K, 8 where every
+        part's levels are below 256 (4-bit ones among them), None where a part is not a
+        grid of levels (or Q6_K with another type)."""
         if all(t in FOUR_BIT_TYPES for t in self.types):
             return 4
+        if all(t == "Q6_K" for t in self.types):
+            return 6
         return 8 if all(t in GRID_TYPES for t in self.types) else None
 
     @functools.cached_property

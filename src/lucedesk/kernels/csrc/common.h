@@ -33,6 +33,18 @@ namespace {
 
 // n values of T left unset, for a kernel that writes every one of them before reading it
 // (std::vector would fill them with zeros first: a pass over memory for nothing).
+// v as it is, hidden from the optimizer: the kernels build with -fassociative-math, which
+// is free to regroup a product chain (a * b) * c as a * (b * c); a product passed through
+// here rounds where the vector path rounds it.
+inline float kept(float v) {
+#if defined(__x86_64__)
+  asm("" : "+x"(v));
+#elif defined(__aarch64__)
+  asm("" : "+w"(v));
+#endif
+  return v;
+}
+
 template <typename T>
 class Scratch {
  public:

@@ -30,6 +30,18 @@ namespace {
 //   y[r, n] = sum over groups, in order, of fma(m, xs, fma(isum, d * xd, acc))
 // with isum = sum(level * xq) exact: every row's result is the same whatever its batch, and
 // the vector and plain paths give the same bits.
+//
+// 6 bits (llama.cpp's Q6_K as it is): w = d * (level - 32), level in 0..63, with a d for
+// each sixteen inputs, a signed 8-bit factor times its 256-input super-block's float16
+// scale (exact in float32). Per sixteen channels and group, q holds 384 bytes: the low
+// nibbles as at 4 bits (256 bytes), then 128 bytes of high bit pairs, byte p holding those
+// of values p, p + 128, p + 256 and p + 384 (bits 0-1, 2-3, 4-5, 6-7). The scales, int8
+// per block of sixteen channels: K/32 x 32 factors (a group's first sixteen inputs', then
+// its second sixteen's), then K/256 x 16 float32 super scales (40 bytes a group instead of
+// 128), and no m. A group's halves are summed apart, each less 32 times its activations'
+// sum (hs, exact):
+//   acc = fma(isum_hi - 32 hs_hi, d_hi * xd, fma(isum_lo - 32 hs_lo, d_lo * xd, acc))
+// 0.83 bytes a weight, where 8-bit levels of the values took 1.25 and lost up to 1/510.
 
 // Rows multiplied per pass over a block's weights (each pass unpacks them once).
 constexpr int64_t kRowsAtOnce = 8;
@@ -40,7 +52,28 @@ template <int Bits>
 inline int level_at(const uint8_t* chunk, int64_t v, const uint8_t* lut) {
   if constexpr (Bits == 8) return chunk[v];
   const int nibble = v < 256 ? chunk[v] & 0x0F : chunk[v - 256] >> 4;
+  if constexpr (Bits == 6) return nibble | ((chunk[256 + (v & 127)] >> (2 * (v >> 7))) & 3) << 4;
   return lut ? lut[nibble] : nibble;
+}
+
+// At 6 bits: group c's half h (its first or second sixteen inputs), channel ch's d.
+inline __attribute__((always_inline)) float six_bit_scale(const int8_t* s, int64_t chunks,
+                                                          int64_t c, int h, int64_t ch) {
+  float super;
+  std::memcpy(&super, s + chunks * 32 + ((c / 8) * 16 + ch) * 4, 4);
+  return kept(static_cast<float>(s[c * 32 + h * 16 + ch]) * super);
+}
+
+// At 6 bits: each row's activations summed per sixteen inputs (hs), [M, K / 16].
+std::vector<int32_t> half_sums(const RowsQ8& x, int64_t M, int64_t K) {
+  std::vector<int32_t> out(M * K / 16);
+  const int8_t* q = x.q.data();
+  for (int64_t i = 0; i < M * K / 16; ++i) {
+    int32_t sum = 0;
+    for (int64_t e = 0; e < 16; ++e) sum += q[16 * i + e];
+    out[i] = sum;
+  }
+  return out;
 }
 
 // A block's scale for group c, channel ch, as a float (`chunks`: the groups a channel has).
@@ -56,13 +89,40 @@ inline __attribute__((always_inline)) float scale_at(const uint8_t* s, int64_t c
                                                      int64_t ch) {
   float super;
   std::memcpy(&super, s + chunks * 16 + ((c / 8) * 16 + ch) * 4, 4);
-  return static_cast<float>(s[c * 16 + ch]) * super;
+  return kept(static_cast<float>(s[c * 16 + ch]) * super);
 }
 
 // Where block b's scales start, in elements of S.
 template <typename S>
 inline int64_t block_scales_offset(int64_t b, int64_t chunks) {
+  if constexpr (std::is_same_v<S, int8_t>) return b * chunks * 40;
   return std::is_same_v<S, uint8_t> ? b * chunks * 24 : b * chunks * 16;
+}
+
+// At 6 bits, one block of sixteen channels for `rows` rows -> out [rows, 16] float.
+void block_rows_plain6(const uint8_t* q, const int8_t* s, int64_t chunks, const RowsQ8& x,
+                       const int32_t* hs, int64_t row0, int64_t rows, int64_t K, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float acc[16] = {};
+    const int8_t* xr = x.q.data() + (row0 + r) * K;
+    const int32_t* hr = hs + (row0 + r) * (K / 16);
+    for (int64_t c = 0; c < chunks; ++c) {
+      const uint8_t* chunk = q + c * 384;
+      const float dx = x.d[(row0 + r) * chunks + c];
+      for (int64_t ch = 0; ch < 16; ++ch) {
+        int32_t isum[2] = {-32 * hr[2 * c], -32 * hr[2 * c + 1]};
+        for (int64_t j = 0; j < 8; ++j)
+          for (int64_t e = 0; e < 4; ++e)
+            isum[j / 4] += level_at<6>(chunk, 64 * j + 4 * ch + e, nullptr) *
+                           xr[32 * c + 4 * j + e];
+        const float a = std::fma(static_cast<float>(isum[0]),
+                                 six_bit_scale(s, chunks, c, 0, ch) * dx, acc[ch]);
+        acc[ch] = std::fma(static_cast<float>(isum[1]), six_bit_scale(s, chunks, c, 1, ch) * dx,
+                           a);
+      }
+    }
+    std::memcpy(out + 16 * r, acc, sizeof acc);
+  }
 }
 
 // One block of sixteen channels for `rows` rows (at most kRowsAtOnce) -> out [rows, 16] float.
@@ -185,6 +245,77 @@ void block_rows_vnni(const uint8_t* q, const S* d, const S* m, int64_t chunks,
     default: return block_rows_vnni<Bits, 8, S>(q, d, m, chunks, x, row0, K, out, lut);
   }
 }
+
+// At 6 bits (see the top): each half's sums in `Parts` independent chains, as above.
+template <int Rows, int Parts = Rows == 1 ? 2 : 1>
+void block_rows_vnni6(const uint8_t* q, const int8_t* s, int64_t chunks, const RowsQ8& x,
+                      const int32_t* hs, int64_t row0, int64_t K, float* out) {
+  const __m512i low_bits = _mm512_set1_epi8(0x0F), pair = _mm512_set1_epi8(0x03);
+  const int8_t* xq = x.q.data() + row0 * K;
+  const float* xd = x.d.data() + row0 * chunks;
+  const int32_t* hr = hs + row0 * (K / 16);
+  const float* supers = reinterpret_cast<const float*>(s + chunks * 32);
+  __m512 acc[Rows];
+  for (int r = 0; r < Rows; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < chunks; ++c) {
+    const uint8_t* chunk = q + c * 384;
+    for (int64_t t = 0; t < 384; t += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(chunk + 16 * 384 + t), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(s + (c + 16) * 32), _MM_HINT_T0);
+    __m512i w[8];
+    for (int t = 0; t < 4; ++t) {
+      const __m512i v = _mm512_loadu_si512(chunk + 64 * t);
+      w[t] = _mm512_and_si512(v, low_bits);
+      w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low_bits);
+    }
+    const __m512i high[2] = {_mm512_loadu_si512(chunk + 256), _mm512_loadu_si512(chunk + 320)};
+    for (int t = 0; t < 8; ++t) {
+      const __m512i two = _mm512_and_si512(_mm512_srli_epi16(high[t % 2], 2 * (t / 2)), pair);
+      w[t] = _mm512_or_si512(w[t], _mm512_slli_epi16(two, 4));
+    }
+    __m512i part[Rows][2][Parts];
+    for (int r = 0; r < Rows; ++r)
+      for (int h = 0; h < 2; ++h)
+        for (int p = 0; p < Parts; ++p) part[r][h][p] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; ++j) {
+      for (int r = 0; r < Rows; ++r) {
+        int32_t quad;
+        std::memcpy(&quad, xq + r * K + 32 * c + 4 * j, 4);
+        __m512i& sum = part[r][j / 4][j % Parts];
+        sum = _mm512_dpbusd_epi32(sum, w[j], _mm512_set1_epi32(quad));
+      }
+    }
+    __m512 scale[2];
+    for (int h = 0; h < 2; ++h) {
+      const __m512i factors = _mm512_cvtepi8_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + c * 32 + h * 16)));
+      scale[h] = _mm512_mul_ps(_mm512_cvtepi32_ps(factors), _mm512_loadu_ps(supers + (c / 8) * 16));
+    }
+    for (int r = 0; r < Rows; ++r) {
+      for (int h = 0; h < 2; ++h) {
+        __m512i isum = _mm512_set1_epi32(-32 * hr[r * (K / 16) + 2 * c + h]);
+        for (int p = 0; p < Parts; ++p) isum = _mm512_add_epi32(isum, part[r][h][p]);
+        const __m512 dw = _mm512_mul_ps(scale[h], _mm512_set1_ps(xd[r * chunks + c]));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), dw, acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < Rows; ++r) _mm512_storeu_ps(out + 16 * r, acc[r]);
+}
+
+void block_rows_vnni6(const uint8_t* q, const int8_t* s, int64_t chunks, const RowsQ8& x,
+                      const int32_t* hs, int64_t row0, int64_t rows, int64_t K, float* out) {
+  switch (rows) {
+    case 1: return block_rows_vnni6<1>(q, s, chunks, x, hs, row0, K, out);
+    case 2: return block_rows_vnni6<2>(q, s, chunks, x, hs, row0, K, out);
+    case 3: return block_rows_vnni6<3>(q, s, chunks, x, hs, row0, K, out);
+    case 4: return block_rows_vnni6<4>(q, s, chunks, x, hs, row0, K, out);
+    case 5: return block_rows_vnni6<5>(q, s, chunks, x, hs, row0, K, out);
+    case 6: return block_rows_vnni6<6>(q, s, chunks, x, hs, row0, K, out);
+    case 7: return block_rows_vnni6<7>(q, s, chunks, x, hs, row0, K, out);
+    default: return block_rows_vnni6<8>(q, s, chunks, x, hs, row0, K, out);
+  }
+}
 #endif
 
 bool lowbit_vector_available() {
@@ -197,23 +328,33 @@ bool lowbit_vector_available() {
 
 // Rows row0..row0 + M - 1 of x times one weight's block b of sixteen channels, into y
 // (row stride N). Each row's arithmetic depends on its own values only.
+// At 6 bits S is int8_t, m is not read and hs holds x's half_sums.
 template <int Bits, typename S>
 void lowbit_block(const RowsQ8& x, const uint8_t* q, const S* d, const S* m,
                   c10::BFloat16* y, int64_t row0, int64_t M, int64_t N, int64_t K, int64_t b,
-                  bool vector, const uint8_t* lut) {
+                  bool vector, const uint8_t* lut, const int32_t* hs = nullptr) {
   const int64_t chunks = K / 32, block_bytes = chunks * 512 * Bits / 8;
   const uint8_t* qb = q + b * block_bytes;
   const S* db = d + block_scales_offset<S>(b, chunks);
-  const S* mb = m + block_scales_offset<S>(b, chunks);
+  const S* mb = Bits == 6 ? m : m + block_scales_offset<S>(b, chunks);
   alignas(64) float out[kRowsAtOnce * 16];
   for (int64_t r0 = row0; r0 < row0 + M; r0 += kRowsAtOnce) {
     const int64_t rows = std::min<int64_t>(kRowsAtOnce, row0 + M - r0);
+    if constexpr (Bits == 6) {
 #if defined(LUCEDESK_VNNI)
-    if (vector)
-      block_rows_vnni<Bits>(qb, db, mb, chunks, x, r0, rows, K, out, lut);
-    else
+      if (vector)
+        block_rows_vnni6(qb, db, chunks, x, hs, r0, rows, K, out);
+      else
 #endif
-      block_rows_plain<Bits>(qb, db, mb, chunks, x, r0, rows, K, out, lut);
+        block_rows_plain6(qb, db, chunks, x, hs, r0, rows, K, out);
+    } else {
+#if defined(LUCEDESK_VNNI)
+      if (vector)
+        block_rows_vnni<Bits>(qb, db, mb, chunks, x, r0, rows, K, out, lut);
+      else
+#endif
+        block_rows_plain<Bits>(qb, db, mb, chunks, x, r0, rows, K, out, lut);
+    }
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t ch = 0; ch < 16; ++ch)
         y[(r0 + r) * N + b * 16 + ch] = narrow<c10::BFloat16>(out[16 * r + ch]);
@@ -221,7 +362,7 @@ void lowbit_block(const RowsQ8& x, const uint8_t* q, const S* d, const S* m,
 }
 
 void check_lowbit_args(int64_t bits, bool vector, const std::optional<at::Tensor>& lut) {
-  TORCH_CHECK(bits == 4 || bits == 8, "lowbit linear: bits must be 4 or 8");
+  TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, "lowbit linear: bits must be 4, 6 or 8");
   TORCH_CHECK(!vector || lowbit_vector_available(), "lowbit linear: no AVX512-VNNI here");
   if (lut.has_value())
     TORCH_CHECK(bits == 4 && lut->scalar_type() == at::kByte && lut->numel() == 16 &&
@@ -230,10 +371,17 @@ void check_lowbit_args(int64_t bits, bool vector, const std::optional<at::Tensor
 }
 
 // Group scales for `weights` weights of [N, K]: float32 or float16 one per 32 inputs, or
-// uint8 in the K-quant form (K a multiple of 256).
+// uint8 in the K-quant form (K a multiple of 256); at 6 bits int8 in theirs, m empty.
 void check_scales(const at::Tensor& d, const at::Tensor& m, int64_t N, int64_t K,
-                  int64_t weights) {
+                  int64_t weights, int64_t bits) {
   const auto type = d.scalar_type();
+  if (bits == 6) {
+    TORCH_CHECK(type == at::kChar && d.is_contiguous() && K % 256 == 0 &&
+                    d.numel() == weights * N / 16 * (K / 32) * 40 && m.numel() == 0,
+                "lowbit linear: 6-bit scales are int8, 40 bytes per sixteen channels and 32 "
+                "inputs, K a multiple of 256, and no m");
+    return;
+  }
   TORCH_CHECK(m.scalar_type() == type && d.is_contiguous() && m.is_contiguous(),
               "lowbit linear: group scales d and m must be contiguous, of one dtype");
   if (type == at::kByte) {
@@ -258,14 +406,16 @@ std::pair<int64_t, int64_t> check_lowbit_weight(const at::Tensor& q, const at::T
                   q.size(2) == 64 * bits,
               "lowbit linear: q must be uint8 [N/16, K/32, 64 * bits]");
   const int64_t N = q.size(0) * 16, K = q.size(1) * 32;
-  check_scales(d, m, N, K, 1);
+  check_scales(d, m, N, K, 1, bits);
   return {N, K};
 }
 
 // run(d, m) with the scales' pointers in their type.
 template <typename Run>
 void with_scales(const at::Tensor& d, const at::Tensor& m, const Run& run) {
-  if (d.scalar_type() == at::kHalf)
+  if (d.scalar_type() == at::kChar)  // 6 bits: no m
+    run(d.data_ptr<int8_t>(), d.data_ptr<int8_t>());
+  else if (d.scalar_type() == at::kHalf)
     run(d.data_ptr<c10::Half>(), m.data_ptr<c10::Half>());
   else if (d.scalar_type() == at::kByte)
     run(d.data_ptr<uint8_t>(), m.data_ptr<uint8_t>());
@@ -283,10 +433,14 @@ at::Tensor lowbit_rows(const RowsQ8& xq, int64_t M, const at::Tensor& q, const a
   const uint8_t* qp = q.data_ptr<uint8_t>();
   const uint8_t* table = lut.has_value() ? lut->data_ptr<uint8_t>() : nullptr;
   c10::BFloat16* yp = y.data_ptr<c10::BFloat16>();
+  const std::vector<int32_t> hs = bits == 6 ? half_sums(xq, M, K) : std::vector<int32_t>();
   const auto run = [&](const auto* dp, const auto* mp) {
     at::parallel_for(0, N / 16, 1, [&](int64_t begin, int64_t end) {
       for (int64_t b = begin; b < end; ++b) {
-        if (bits == 4)
+        if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(dp)>>,
+                                     int8_t>)
+          lowbit_block<6>(xq, qp, dp, mp, yp, 0, M, N, K, b, vector, table, hs.data());
+        else if (bits == 4)
           lowbit_block<4>(xq, qp, dp, mp, yp, 0, M, N, K, b, vector, table);
         else
           lowbit_block<8>(xq, qp, dp, mp, yp, 0, M, N, K, b, vector, table);
@@ -328,7 +482,7 @@ at::Tensor lowbit_moe_linear(const at::Tensor& x, const std::optional<at::Tensor
                   experts.is_contiguous() && experts.device().is_cpu(),
               "lowbit moe linear: experts must be int64 [P] on the CPU");
   const int64_t P = experts.size(0);
-  check_scales(d, m, N, K, E);
+  check_scales(d, m, N, K, E, bits);
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kBFloat16,
               "lowbit moe linear: x must be contiguous bfloat16 [M, K]");
   TORCH_CHECK(x.size(1) == K, "lowbit moe linear: x has ", x.size(1), " inputs, the weights ", K);
@@ -373,6 +527,7 @@ at::Tensor lowbit_moe_linear(const at::Tensor& x, const std::optional<at::Tensor
   const uint8_t* table = lut.has_value() ? lut->data_ptr<uint8_t>() : nullptr;
   Scratch<c10::BFloat16> sorted(P * N);
   const int64_t blocks = N / 16, q_expert = q.numel() / E, s_expert = d.numel() / E;
+  const std::vector<int32_t> hs = bits == 6 ? half_sums(grouped, P, K) : std::vector<int32_t>();
   with_scales(d, m, [&](const auto* dp, const auto* mp) {
     at::parallel_for(0, static_cast<int64_t>(active.size()) * blocks, 1,
                      [&](int64_t begin, int64_t end) {
@@ -381,7 +536,11 @@ at::Tensor lowbit_moe_linear(const at::Tensor& x, const std::optional<at::Tensor
         const int64_t first = starts[e], count = starts[e + 1] - starts[e];
         const uint8_t* qe = qp + e * q_expert;
         const auto *de = dp + e * s_expert, *me = mp + e * s_expert;
-        if (bits == 4)
+        if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(dp)>>,
+                                     int8_t>)
+          lowbit_block<6>(grouped, qe, de, me, sorted.data(), first, count, N, K, b, vector,
+                          table, hs.data());
+        else if (bits == 4)
           lowbit_block<4>(grouped, qe, de, me, sorted.data(), first, count, N, K, b, vector,
                           table);
         else
