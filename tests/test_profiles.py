@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import re
 
 import pytest
@@ -172,6 +173,19 @@ def test_profiles_for_a_device_this_machine_lacks_are_shown_not_run(
     assert main(["run", "--profile", "strix-halo", "--model", str(tiny_llama), "-p", "hi"]) != 0
     err = capsys.readouterr().err
     assert "sees no GPU" in err and "Traceback" not in err
+    assert gc.isenabled() and gc.get_freeze_count() == 0  # a failed start leaves it so too
+
+
+def test_a_command_leaves_the_collector_as_it_found_it(tiny_llama, capsys):
+    """`run` starts with collection off and freezes what its start made (cli.main,
+    commands.settle); once it returns, collection is on and nothing stays frozen, so a
+    caller in the same process gets its collector back."""
+    from lucedesk.cli import main
+
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    args = ["run", "--model", str(tiny_llama), "-p", "hi", "--max-tokens", "2", "--raw"]
+    assert main(args) == 0
+    assert gc.isenabled() and gc.get_freeze_count() == 0
 
 
 def test_switching_engines_with_requests_in_flight_loses_none(tiny_llama):

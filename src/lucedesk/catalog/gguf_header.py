@@ -14,6 +14,7 @@ numbered from 1): the first holds every key, each holds its own tensors, and all
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import struct
@@ -188,9 +189,19 @@ def parse_header(buf, source: str, file_size: int | None = None) -> Header:
 
 
 def read_header(path: Path, first_bytes: int = 8 << 20) -> Header:
-    """A file's header, reading its first bytes (more where the header is longer)."""
+    """A file's header, reading its first bytes (more where the header is longer); read
+    once per process while the file's size and modification time stay (a start reads it
+    twice: the fit check, then the loader). Not to be changed: it is shared."""
     try:
-        size = path.stat().st_size
+        stat = path.stat()
+    except OSError as exc:
+        raise ModelLoadError(f"{path}: cannot be read ({exc})") from None
+    return _read_header(path, stat.st_size, stat.st_mtime_ns, first_bytes)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_header(path: Path, size: int, mtime_ns: int, first_bytes: int) -> Header:
+    try:
         with open(path, "rb") as f:
             while True:
                 f.seek(0)

@@ -15,9 +15,11 @@ from lucedesk.errors import ModelLoadError
 
 # GGUF tensor types whose blocks a 4-bit weight holds as they are (gguf_blocks.FOUR_BIT_TYPES,
 # and a mixture's MXFP4 experts); with the 5-bit ones, the types whose files the engine
-# holds as 4-bit weights (gguf_blocks.LOW_BIT_TYPES: 5-bit blocks at 8 bits).
+# holds as 4-bit weights (gguf_blocks.LOW_BIT_TYPES: 5-bit blocks at 8 bits). Q6_K blocks
+# are held at 6 bits, about their own size too.
 FOUR_BIT_TENSOR_TYPES = ("Q4_0", "Q4_1", "Q4_K", "MXFP4")
 LOW_BIT_TENSOR_TYPES = (*FOUR_BIT_TENSOR_TYPES, "Q5_0", "Q5_1")
+HELD_AS_IS_TYPES = (*FOUR_BIT_TENSOR_TYPES, "Q6_K")
 
 
 @dataclass(slots=True)
@@ -89,7 +91,7 @@ def summarize_gguf(
     matmuls = [t for t in tensors if len(t.shape) >= 2 and t.name != "token_embd.weight"]
 
     def as_low_bit(t) -> int:
-        return t.nbytes if t.type_name in FOUR_BIT_TENSOR_TYPES else t.numel * 9 // 8
+        return t.nbytes if t.type_name in HELD_AS_IS_TYPES else t.numel * 9 // 8
 
     held = sum(as_low_bit(t) for t in matmuls)
     embedding = next((t for t in tensors if t.name == "token_embd.weight"), None)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lucedesk.catalog.gguf_header import parse_header, split_parts
+from lucedesk.catalog.gguf_header import read_header, split_parts
 from lucedesk.engine.models.config import ModelConfig
 from lucedesk.engine.models.families import BY_GGUF_ARCH
 from lucedesk.engine.models.family import Family
@@ -104,7 +104,7 @@ class GGUFFile:
     def __init__(self, path: Path) -> None:
         self.path = path
         first = self._open(path)
-        header = parse_header(first, str(path))
+        header = read_header(path)  # (the fit check read it already: not again)
         self._maps = [first]
         headers = [header]
         count = header.split_count
@@ -120,7 +120,7 @@ class GGUFFile:
                         f"{part}: part {i + 1} of {count} of {path.name} is missing"
                     )
                 buf = self._open(part)
-                more = parse_header(buf, str(part))
+                more = read_header(part)
                 if more.split_no != i or more.split_count != count:
                     raise ModelLoadError(
                         f"{part}: says it is part {more.split_no + 1} of {more.split_count}, "
