@@ -90,7 +90,24 @@ at::Tensor moe_output(const at::Tensor& h, const MoEArgs& moe, bool vector) {
     for (int64_t t = begin; t < end; ++t) {
       const c10::BFloat16* own = yp + t * k * H;  // the row's k pairs
       const c10::BFloat16* w = wp + t * k;
-      for (int64_t i = 0; i < H; ++i) {
+      int64_t i = 0;
+#ifdef LUCEDESK_VNNI
+      // Sixteen outputs at a time, each product and sum rounded to bfloat16 as the scalar
+      // ones below are (a prompt's rows spent a sixth of their time in the scalar loop).
+      for (; i + 16 <= H; i += 16) {
+        __m512 sum = bf16_rounded(
+            _mm512_mul_ps(widen16(own + i), _mm512_set1_ps(static_cast<float>(w[0]))));
+        for (int64_t j = 1; j < k; ++j) {
+          const __m512 term = bf16_rounded(
+              _mm512_mul_ps(widen16(own + j * H + i), _mm512_set1_ps(static_cast<float>(w[j]))));
+          sum = bf16_rounded(_mm512_add_ps(sum, term));
+        }
+        const __m512i high = _mm512_srli_epi32(_mm512_castps_si512(sum), 16);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(op + t * H + i),
+                            _mm512_cvtepi32_epi16(high));
+      }
+#endif
+      for (; i < H; ++i) {
         c10::BFloat16 sum = own[i] * w[0];
         for (int64_t j = 1; j < k; ++j) sum = sum + own[j * H + i] * w[j];
         op[t * H + i] = sum;
