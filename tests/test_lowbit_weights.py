@@ -18,12 +18,13 @@ from lucedesk.engine.models.gguf_blocks import block_levels
 from lucedesk.engine.models.loader import load_model
 from lucedesk.errors import ConfigError
 from lucedesk.kernels.quantized import (
+    MXFP4_LEVELS,
     Int8Weight,
     LowBitWeight,
     int8_tiles_available,
     lowbit_vector_available,
 )
-from lucedesk.kernels.scales import six_bit_rows
+from lucedesk.kernels.scales import channel_blocks, six_bit_rows
 from tests.engine_harness import make_engine, random_jobs, run_alone, run_jobs
 from tests.gguf_writer import random_k_quant, write_gguf
 
@@ -196,6 +197,26 @@ def test_float16_scales_give_the_bits_of_float32_scales(bits):
         assert torch.equal(weight.dequantize(), wide.dequantize())
     assert weight.nbytes <= 576 * 1536 * (0.625 if bits == 4 else 1.125)
     assert LowBitWeight(levels, d + 1e-9, m, bits).d.dtype == torch.float32
+
+
+def test_exponent_scales_give_the_bits_of_float32_scales():
+    """Scales that are powers of two with m = -12 d (MXFP4's) are held as exponent bytes,
+    0.53 bytes a 4-bit weight, the smallest included (2^-128 and 2^-127, float32 subnormals),
+    and give the same bits as the same scales in float32, on both paths."""
+    levels, _, _, g = random_levels(96, 512, 4, 13)
+    e = torch.randint(100, 140, (96, 512 // 32), generator=g)
+    e[0, :4] = torch.tensor([0, 1, 2, 200])
+    d = torch.ldexp(torch.ones(96, 512 // 32), e - 128)
+    x = torch.randn(11, 512, generator=g).bfloat16()
+    for vector in PATHS:
+        weight = LowBitWeight(levels, d, -12 * d, 4, vector=vector, table=MXFP4_LEVELS)
+        assert weight.d.dtype == torch.float8_e8m0fnu and weight.m.numel() == 0
+        assert weight.nbytes <= 96 * 512 * 0.532
+        wide = LowBitWeight(levels, d, -12 * d, 4, vector=vector, table=MXFP4_LEVELS)
+        wide.d, wide.m = (channel_blocks(s) for s in (d, -12 * d))
+        assert torch.equal(weight(x), wide(x))
+        assert torch.equal(weight.dequantize(), wide.dequantize())
+    assert LowBitWeight(levels, d, -11 * d, 4).d.dtype == torch.float32  # m is not -12 d
 
 
 def test_eight_bit_weights_from_float_lose_at_most_a_510th_of_a_group():

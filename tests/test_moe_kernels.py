@@ -278,8 +278,9 @@ def test_the_one_call_mixture_refuses_what_it_cannot_take():
 @pytest.mark.parametrize("vector", PATHS)
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.MXFP4])
 def test_experts_keep_float16_scales_where_the_file_has_them(vector, qtype):
-    """Q8_0's and MXFP4's scales are float16 values: held so (compact), the experts give
-    the bits of float32 scales for fewer bytes; random float32 scales stay float32."""
+    """Q8_0's scales are float16 values and MXFP4's powers of two (with m = -12 d): held so
+    (compact: float16, exponent bytes), the experts give the bits of float32 scales for fewer
+    bytes; random float32 scales stay float32."""
     experts, n, k = 4, 32, 128
     rng = np.random.default_rng(int(qtype))
     held = {}
@@ -298,8 +299,11 @@ def test_experts_keep_float16_scales_where_the_file_has_them(vector, qtype):
             grouped.compact()
         held[compact] = grouped
         rng = np.random.default_rng(int(qtype))  # the same weights again
-    assert held[True].d.dtype == torch.float16 and held[False].d.dtype == torch.float32
-    assert held[True].nbytes < held[False].nbytes
+    compact = torch.float8_e8m0fnu if qtype == Q.MXFP4 else torch.float16
+    assert held[True].d.dtype == compact and held[False].d.dtype == torch.float32
+    assert held[True].nbytes <= experts * n * k * (0.532 if qtype == Q.MXFP4 else 1.125)
+    for e in range(experts):
+        assert torch.equal(held[True].dequantize(e), held[False].dequantize(e))
     x = torch.randn(5, k, generator=torch.Generator().manual_seed(0)).bfloat16()
     ids = torch.tensor([0, 3, 1, 1, 2, 0, 3, 2, 1, 0])
     rows = torch.arange(5).repeat_interleave(2)

@@ -40,6 +40,7 @@ from lucedesk.kernels.scales import (
     channel_rows,
     compact_scales,
     exact_factors,
+    held_rows,
     kquant_fits,
     kquant_scales,
     scale_rows,
@@ -189,7 +190,7 @@ class LowBitWeight(_LowBit):
         k = self.shape[1]
         if self.bits == 6:
             return six_bit_values(self.levels(), six_bit_rows(self.d, k))
-        return affine(self.levels(), scale_rows(self.d, k), scale_rows(self.m, k))
+        return affine(self.levels(), *held_rows(self.d, self.m, k))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [M, K] bfloat16 -> [M, N] bfloat16."""
@@ -248,11 +249,14 @@ class GroupedLowBitWeight(_LowBit):
         )
 
     def compact(self) -> None:
-        """Once every expert is set: the group scales as float16 where each is a float16
-        value (a Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 or MXFP4 file's are), the same bits for fewer
-        bytes (an 8-bit weight 1.125 instead of 1.25)."""
+        """Once every expert is set: the group scales in the fewest bytes that give them
+        exactly (`compact_scales`: an MXFP4 file's as exponent bytes, 0.53 bytes a weight;
+        a Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1 file's in float16, an 8-bit weight 1.125 instead of
+        1.25), the same bits."""
         if not self.takes_factors:
             self.d, self.m = compact_scales(self.d, self.m)
+            if not self.m.numel():  # (exponent scales: no m, one empty row an expert)
+                self.m = self.m.view(self.num_experts, 0)
 
     def set(
         self,
@@ -287,7 +291,7 @@ class GroupedLowBitWeight(_LowBit):
         k = self.shape[1]
         if self.bits == 6:
             return six_bit_values(levels, six_bit_rows(self.d[expert], k))
-        return affine(levels, scale_rows(self.d[expert], k), scale_rows(self.m[expert], k))
+        return affine(levels, *held_rows(self.d[expert], self.m[expert], k))
 
     def __call__(
         self, x: torch.Tensor, experts: torch.Tensor, rows: torch.Tensor | None = None

@@ -1,7 +1,8 @@
 """The group scales of the low-bit kernels' weights, as they are laid out for them
 (csrc/lowbit.h): float32 or float16 per sixteen channels and group of 32 inputs, or a
-K-quant's uint8 factors with float32 super-block scales, or a 6-bit weight's int8 factors
-per sixteen inputs with float32 super-block scales; and back to rows."""
+K-quant's uint8 factors with float32 super-block scales, or exponent bytes where every d is
+a power of two and m = -12 d (MXFP4's), or a 6-bit weight's int8 factors per sixteen inputs
+with float32 super-block scales; and back to rows."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 GROUP = 32
 SUPER = 256  # a K-quant super-block: eight groups sharing one scale the groups' factors multiply
 HALF = 16  # a 6-bit weight's scales: one per sixteen inputs
+EXPONENT = torch.float8_e8m0fnu  # MXFP4's scales as its blocks hold them: d = 2^(e - 128)
 
 
 def channel_blocks(scales: torch.Tensor) -> torch.Tensor:
@@ -63,8 +65,18 @@ def six_bit_rows(scales: torch.Tensor, k: int) -> torch.Tensor:
     return d.transpose(1, 2).reshape(-1, halves)
 
 
+def held_rows(d: torch.Tensor, m: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A weight's d and m as the kernels hold them -> both [N, K / 32] float32."""
+    if d.dtype == EXPONENT:
+        rows = scale_rows(d, k)
+        return rows, -12 * rows
+    return scale_rows(d, k), scale_rows(m, k)
+
+
 def scale_rows(scales: torch.Tensor, k: int) -> torch.Tensor:
     """A weight's group scales as the kernels hold them -> [N, K / 32] float32."""
+    if scales.dtype == EXPONENT:  # 2^(e - 127) as the dtype reads it; d is half that
+        return channel_rows(scales.float() / 2)
     if scales.dtype != torch.uint8:
         return channel_rows(scales)
     blocks, groups = scales.shape[0], k // GROUP
@@ -88,9 +100,17 @@ def exact_factors(
 
 
 def compact_scales(d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The group scales as float16 where every one is a float16 value (a Q4_0 or Q4_1
-    file's are), else as they are: the kernels widen them exactly, so the results are the
-    same bits for a quarter fewer bytes a 4-bit weight."""
+    """The group scales in the fewest bytes that give them exactly: where every d is a
+    power of two and m is -12 d (an MXFP4 file's are), d's exponent bytes alone (0.53 bytes a
+    4-bit weight); else float16 where every one is a float16 value (a Q4_0 or Q4_1 file's
+    are); else as they are. The kernels widen them exactly, so the results are the same
+    bits."""
+    mantissa, exponent = torch.frexp(d.float())  # d = mantissa * 2^exponent
+    e = exponent.to(torch.int32) + 127  # d = 2^(e - 128) where the mantissa is 1/2
+    if bool((mantissa == 0.5).all() and ((e >= 0) & (e <= 254)).all()) and torch.equal(
+        m.float(), -12 * d.float()
+    ):
+        return e.to(torch.uint8).view(EXPONENT), torch.empty(0, dtype=EXPONENT)
     d16, m16 = d.half(), m.half()
     if torch.equal(d16.float(), d) and torch.equal(m16.float(), m):
         return d16, m16
