@@ -17,10 +17,19 @@ import httpx
 
 
 def rss_mb(pid: int) -> int:
+    return rss_parts_mb(pid)["VmRSS"]
+
+
+def rss_parts_mb(pid: int) -> dict[str, int]:
+    """A process's resident memory, MiB: all of it (VmRSS) and its parts, anonymous
+    (RssAnon: heaps, the KV pool's touched pages) and file-backed (RssFile: mapped weights,
+    libraries)."""
+    parts = {}
     for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) // 1024
-    raise KeyError("VmRSS")
+        key = line.split(":", 1)[0]
+        if key in ("VmRSS", "RssAnon", "RssFile"):
+            parts[key] = int(line.split()[1]) // 1024
+    return parts
 
 
 def main() -> None:

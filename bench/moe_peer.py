@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 import llama_cpp_peer as peer
-from large_prompts import rss_mb
+from large_prompts import rss_mb, rss_parts_mb
 
 # Run as a script, this folder is first on the path, and its kernels.py would stand in for
 # the `kernels` package transformers imports.
@@ -192,6 +192,7 @@ def measure(file: Path, binary: Path, args: argparse.Namespace, bench: list[str]
             peer.wait_healthy(servers[who])
         runs = peer.abba(servers["lucedesk"], servers["llama.cpp"], bench, tmp)
         rss = {who: rss_mb(s.proc.pid) for who, s in servers.items()}
+        parts = {who: rss_parts_mb(s.proc.pid) for who, s in servers.items()}
     weights.cleanup()
     del os.environ["LUCEDESK_WEIGHT_CACHE"]
     for note in peer.disagreements(runs):
@@ -205,6 +206,7 @@ def measure(file: Path, binary: Path, args: argparse.Namespace, bench: list[str]
         "ready_runs": {who: [round(t, 2) for t, _ in v] for who, v in ready.items()},
         "ready_rss_mib": {who: statistics.median(m for _, m in v) for who, v in ready.items()},
         "rss_mib": rss,
+        "rss_parts_mib": parts,
         "first_start_s": first_start[0],
     }
 
@@ -215,6 +217,8 @@ def report(results: list[dict]) -> str:
     for r in results:
         ours, theirs = r["levels"]["lucedesk"], r["levels"]["llama.cpp"]
         ready, rss = r["ready_s"], r["rss_mib"]
+        anon = {who: p["RssAnon"] for who, p in r["rss_parts_mib"].items()}
+        mapped = {who: p["RssFile"] for who, p in r["rss_parts_mib"].items()}
         runs = r["ready_runs"]
         parts.append(
             f"**{r['file']}** ({r['size_mb']:.0f} MB)\n\n{peer.table(ours, theirs)}\n\n"
@@ -225,7 +229,9 @@ def report(results: list[dict]) -> str:
             f"| {ready['lucedesk'] / ready['llama.cpp']:.2f}x |\n"
             f"| resident at ready, MiB | {r['ready_rss_mib']['lucedesk']:.0f} "
             f"| {r['ready_rss_mib']['llama.cpp']:.0f} | |\n"
-            f"| resident after the runs, MiB | {rss['lucedesk']:.0f} | {rss['llama.cpp']:.0f} | |"
+            f"| resident after the runs, MiB | {rss['lucedesk']:.0f} | {rss['llama.cpp']:.0f} | |\n"
+            f"| of which anonymous / file-backed, MiB | {anon['lucedesk']} / {mapped['lucedesk']} "
+            f"| {anon['llama.cpp']} / {mapped['llama.cpp']} | |"
         )
     return "\n\n".join(parts)
 
@@ -242,7 +248,9 @@ For each file: lucedesk's first start (it packs the weights and keeps them on di
 to ready (the command to `/health` 200, asked every 20 ms, each server alone, lucedesk,
 llama.cpp, llama.cpp, lucedesk; medians), then both servers up and `lucedesk bench --compare`
 in both orders (`bench/llama_cpp_peer.py`'s ABBA; each cell the median of a server's two
-runs, a ratio lucedesk / llama.cpp), and each server's resident memory after the runs.
+runs, a ratio lucedesk / llama.cpp), and each server's resident memory after the runs
+(anonymous: heaps and the KV cache's touched pages; file-backed: mapped weights and
+libraries).
 lucedesk runs the detected profile with prompt lookup off."""
 
 

@@ -6,7 +6,9 @@ rough edges found by hand."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
+import warnings
 
 import pytest
 from textual.geometry import Region
@@ -90,6 +92,24 @@ async def test_a_closed_panes_input_drawn_late_is_blank(env):
         await wait_for(pilot, lambda: closed not in screen.panes and not area.is_attached)
         lines = area.render_lines(Region(0, 0, width, height))
         assert [line.text for line in lines] == [" " * width] * height
+        assert app.return_code is None
+
+
+async def test_a_measure_replaced_before_it_ran_leaves_no_coroutine_behind(env):
+    """Each keystroke's context measure replaces the one before (an exclusive worker); one
+    replaced before it ran was a coroutine never awaited, a RuntimeWarning when collected
+    (CI printed it from the fan-out test). No coroutine exists until its worker runs."""
+    app = make_app(env)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await started(pilot)
+        pane = screen.pane()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(5):
+                pane.measure_context()
+            await pilot.pause()
+            gc.collect()
+        assert not [w for w in caught if "never awaited" in str(w.message)]
         assert app.return_code is None
 
 

@@ -108,7 +108,7 @@ class PaneInput:
     def measure_context(self) -> None:
         """The context use measured again, off the next keystroke (a worker)."""
         if not self.gone:
-            self.run_worker(self._measure(), group="context", exclusive=True)
+            self.run_worker(self._measure, group="context", exclusive=True)
 
     async def _measure(self) -> None:
         if self.gone:
