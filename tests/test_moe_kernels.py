@@ -159,6 +159,20 @@ def per_expert_reference(block, x: torch.Tensor, weights: dict[str, list]) -> to
     return torch.cat(out)
 
 
+def assert_one_call_is_both(block, x: torch.Tensor, alone: dict[str, list]) -> None:
+    """The C++ mixture in one call (csrc/moe.h), the model's Python path and every row alone
+    with each expert's weight alone (`per_expert_reference`) give the same bits, not all
+    zero."""
+    with torch.inference_mode():
+        python = block(x, None)
+        block.fused = FusedLayerCalls()
+        one_call = block(x, None)
+        reference = per_expert_reference(block, x, alone)
+    assert torch.equal(one_call, python)
+    assert torch.equal(one_call, reference)
+    assert one_call.abs().max() > 0
+
+
 MOE_CASES = 14
 
 
@@ -202,14 +216,7 @@ def test_the_one_call_mixture_equals_the_per_expert_path(case):
             alone[proj].append(LowBitWeight(levels[e], d[e], m[e], bits, vector, table))
         block.experts.quantized[proj] = held
     x = (torch.randn(rows, hidden, generator=g) * 2).bfloat16()
-    with torch.inference_mode():
-        python = block(x, None)
-        block.fused = FusedLayerCalls()
-        one_call = block(x, None)
-        reference = per_expert_reference(block, x, alone)
-    assert torch.equal(one_call, python)
-    assert torch.equal(one_call, reference)
-    assert one_call.abs().max() > 0
+    assert_one_call_is_both(block, x, alone)
 
 
 @pytest.mark.parametrize("vector", PATHS)
@@ -245,14 +252,7 @@ def test_six_bit_experts_are_what_each_gives_alone(vector):
     pairs = block.experts.quantized["gate_up"](x, ids, rows)
     for p, (e, r) in enumerate(zip(ids.tolist(), rows.tolist(), strict=True)):
         assert torch.equal(pairs[p], alone["gate_up"][e](x[r : r + 1])[0])
-    with torch.inference_mode():
-        python = block(x, None)
-        block.fused = FusedLayerCalls()
-        one_call = block(x, None)
-        reference = per_expert_reference(block, x, alone)
-    assert torch.equal(one_call, python)
-    assert torch.equal(one_call, reference)
-    assert one_call.abs().max() > 0
+    assert_one_call_is_both(block, x, alone)
 
 
 def test_the_one_call_mixture_refuses_what_it_cannot_take():

@@ -8,7 +8,15 @@ from __future__ import annotations
 import torch
 
 from lucedesk.kernels.checks import require
-from lucedesk.kernels.scales import GROUP, channel_blocks, kquant_fits, six_bit_scales
+from lucedesk.kernels.scales import (
+    GROUP,
+    channel_blocks,
+    factor_values,
+    held_rows,
+    kquant_fits,
+    six_bit_rows,
+    six_bit_scales,
+)
 
 ROWS_AT_ONCE = 4096  # bounds the float copies while quantizing a big LM head
 
@@ -125,7 +133,7 @@ def six_bit_held(
     require(factors is not None and len(factors) == 2, "6-bit weights need their factors")
     factor, super_ = factors
     require(kquant_fits(factor.shape[1] * 16), "6-bit weights need K % 256 == 0")
-    exact = factor.float() * super_.float().repeat_interleave(16, dim=1)
+    exact = factor_values(factor, super_)
     require(torch.equal(exact, d) and torch.equal(m, -32 * d), "6-bit factors differ from d")
     return six_bit_scales(factor, super_), torch.empty(0, dtype=torch.int8)
 
@@ -134,6 +142,15 @@ def six_bit_values(levels: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     """levels [N, K] and d [N, K / 16] -> [N, K] float32 d * (level - 32)."""
     n, k = levels.shape
     return ((levels.float() - 32).view(n, -1, 16) * d[..., None]).view(n, k)
+
+
+def held_values(levels: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """levels [N, K] with their scales as the kernels hold them (a 6-bit weight's int8
+    ones included) -> the [N, K] float32 values they stand for."""
+    k = levels.shape[1]
+    if d.dtype == torch.int8:
+        return six_bit_values(levels, six_bit_rows(d, k))
+    return affine(levels, *held_rows(d, m, k))
 
 
 def unpack_levels(

@@ -27,11 +27,11 @@ from lucedesk.kernels.levels import (
     affine,
     eight_bit,
     fits,
+    held_values,
     pack_codes,
     pack_levels,
     quantize_rows,
     six_bit_held,
-    six_bit_values,
     unpack_levels,
 )
 from lucedesk.kernels.scales import (
@@ -40,11 +40,9 @@ from lucedesk.kernels.scales import (
     channel_rows,
     compact_scales,
     exact_factors,
-    held_rows,
     kquant_fits,
     kquant_scales,
     scale_rows,
-    six_bit_rows,
 )
 
 # MXFP4 (e2m1) codes as levels: code c is 2 * value(c) + 12, so with d = scale / 2 and
@@ -187,10 +185,7 @@ class LowBitWeight(_LowBit):
 
     def dequantize(self) -> torch.Tensor:
         """[N, K] float32: d * level + m."""
-        k = self.shape[1]
-        if self.bits == 6:
-            return six_bit_values(self.levels(), six_bit_rows(self.d, k))
-        return affine(self.levels(), *held_rows(self.d, self.m, k))
+        return held_values(self.levels(), self.d, self.m)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [M, K] bfloat16 -> [M, N] bfloat16."""
@@ -255,8 +250,6 @@ class GroupedLowBitWeight(_LowBit):
         1.25), the same bits."""
         if not self.takes_factors:
             self.d, self.m = compact_scales(self.d, self.m)
-            if not self.m.numel():  # (exponent scales: no m, one empty row an expert)
-                self.m = self.m.view(self.num_experts, 0)
 
     def set(
         self,
@@ -288,10 +281,7 @@ class GroupedLowBitWeight(_LowBit):
     def dequantize(self, expert: int) -> torch.Tensor:
         """One expert's [N, K] float32 weight."""
         levels = unpack_levels(self.q[expert], self.bits, *self.shape, self.lut)
-        k = self.shape[1]
-        if self.bits == 6:
-            return six_bit_values(levels, six_bit_rows(self.d[expert], k))
-        return affine(levels, *held_rows(self.d[expert], self.m[expert], k))
+        return held_values(levels, self.d[expert], self.m[expert])
 
     def __call__(
         self, x: torch.Tensor, experts: torch.Tensor, rows: torch.Tensor | None = None

@@ -31,38 +31,49 @@ def kquant_fits(k: int) -> bool:
     return k % SUPER == 0
 
 
+def factor_scales(factor: torch.Tensor, super_: torch.Tensor) -> torch.Tensor:
+    """Scales held as a factor times a super-block scale, factor [N, F] (F per channel) and
+    super float32 [N, K / 256] -> the kernels' layout in the factor's dtype, [N / 16, ...]:
+    per block of sixteen channels its factors [F, 16], then its super scales [K / 256, 16]
+    as float32 bytes (csrc/lowbit.h)."""
+    n, per_channel = factor.shape
+    factors = factor.reshape(n // 16, 16, per_channel).transpose(1, 2)
+    supers = super_.float().reshape(n // 16, 16, -1).transpose(1, 2).contiguous()
+    supers = supers.view(factor.dtype)
+    return torch.cat([factors.reshape(n // 16, -1), supers.reshape(n // 16, -1)], 1).contiguous()
+
+
+def factor_rows(scales: torch.Tensor, per_channel: int) -> torch.Tensor:
+    """`factor_scales` undone: -> [N, per_channel] float32 factor * super."""
+    blocks = scales.shape[0]
+    factors = scales[:, : per_channel * 16].reshape(blocks, per_channel, 16).float()
+    supers = scales[:, per_channel * 16 :].contiguous().view(torch.float32).view(blocks, -1, 16)
+    return channel_rows(factors * supers.repeat_interleave(per_channel // supers.shape[1], dim=1))
+
+
+def factor_values(factor: torch.Tensor, super_: torch.Tensor) -> torch.Tensor:
+    """factor [N, F] times its super-block's scale, super [N, K / 256] -> [N, F] float32."""
+    per = factor.shape[1] // super_.shape[1]
+    return factor.float() * super_.float().repeat_interleave(per, dim=1)
+
+
 def kquant_scales(factor: torch.Tensor, super_: torch.Tensor) -> torch.Tensor:
     """K-quant scales, factor uint8 [N, K / 32] and super float32 [N, K / 256] (scale =
-    factor * super) -> the kernels' uint8 [N / 16, K / 32 * 24]: per block of sixteen
-    channels its factors [K / 32, 16], then its super scales [K / 256, 16] as float32
-    bytes (csrc/lowbit.h)."""
-    n, groups = factor.shape
-    factors = factor.to(torch.uint8).reshape(n // 16, 16, groups).transpose(1, 2)
-    supers = super_.float().reshape(n // 16, 16, groups * GROUP // SUPER).transpose(1, 2)
-    supers = supers.contiguous().view(torch.uint8)
-    return torch.cat([factors.reshape(n // 16, -1), supers.reshape(n // 16, -1)], 1).contiguous()
+    factor * super) -> the kernels' uint8 [N / 16, K / 32 * 24] (`factor_scales`)."""
+    return factor_scales(factor.to(torch.uint8), super_)
 
 
 def six_bit_scales(factor: torch.Tensor, super_: torch.Tensor) -> torch.Tensor:
     """A 6-bit weight's scales (Q6_K's), factor int8 [N, K / 16] and super float32
     [N, K / 256] (d = factor * super for sixteen inputs) -> the kernels' int8
-    [N / 16, K / 32 * 40]: per block of sixteen channels its factors [K / 16, 16] (a group's
-    first sixteen inputs', then its second sixteen's), then its super scales [K / 256, 16]
-    as float32 bytes (csrc/lowbit.h)."""
-    n, halves = factor.shape
-    factors = factor.to(torch.int8).reshape(n // 16, 16, halves).transpose(1, 2)
-    supers = super_.float().reshape(n // 16, 16, halves * HALF // SUPER).transpose(1, 2)
-    supers = supers.contiguous().view(torch.int8)
-    return torch.cat([factors.reshape(n // 16, -1), supers.reshape(n // 16, -1)], 1).contiguous()
+    [N / 16, K / 32 * 40] (`factor_scales`: a group's first sixteen inputs' factors, then
+    its second sixteen's)."""
+    return factor_scales(factor.to(torch.int8), super_)
 
 
 def six_bit_rows(scales: torch.Tensor, k: int) -> torch.Tensor:
     """`six_bit_scales` undone: -> d float32 [N, K / 16]."""
-    blocks, halves = scales.shape[0], k // HALF
-    factors = scales[:, : halves * 16].reshape(blocks, halves, 16).float()
-    supers = scales[:, halves * 16 :].contiguous().view(torch.float32).view(blocks, -1, 16)
-    d = factors * supers.repeat_interleave(SUPER // HALF, dim=1)
-    return d.transpose(1, 2).reshape(-1, halves)
+    return factor_rows(scales, k // HALF)
 
 
 def held_rows(d: torch.Tensor, m: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,10 +90,7 @@ def scale_rows(scales: torch.Tensor, k: int) -> torch.Tensor:
         return channel_rows(scales.float() / 2)
     if scales.dtype != torch.uint8:
         return channel_rows(scales)
-    blocks, groups = scales.shape[0], k // GROUP
-    factors = scales[:, : groups * 16].reshape(blocks, groups, 16).float()
-    supers = scales[:, groups * 16 :].contiguous().view(torch.float32).view(blocks, -1, 16)
-    return channel_rows(factors * supers.repeat_interleave(SUPER // GROUP, dim=1))
+    return factor_rows(scales, k // GROUP)
 
 
 def exact_factors(
@@ -92,9 +100,8 @@ def exact_factors(
     exactly, for a weight of whole super-blocks."""
     if factors is None or not kquant_fits(d.shape[1] * GROUP):
         return False
-    per = SUPER // GROUP
     return all(
-        torch.equal(f.float() * sup.float().repeat_interleave(per, dim=1), want)
+        torch.equal(factor_values(f, sup), want)
         for f, sup, want in ((factors[0], factors[1], d), (factors[2], factors[3], m))
     )
 
@@ -110,7 +117,8 @@ def compact_scales(d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torc
     if bool((mantissa == 0.5).all() and ((e >= 0) & (e <= 254)).all()) and torch.equal(
         m.float(), -12 * d.float()
     ):
-        return e.to(torch.uint8).view(EXPONENT), torch.empty(0, dtype=EXPONENT)
+        # (no m: an empty row for each leading index, so that an expert's m is m[e])
+        return e.to(torch.uint8).view(EXPONENT), torch.empty(d.shape[0], 0, dtype=EXPONENT)
     d16, m16 = d.half(), m.half()
     if torch.equal(d16.float(), d) and torch.equal(m16.float(), m):
         return d16, m16

@@ -33,6 +33,17 @@ namespace {
 
 // n values of T left unset, for a kernel that writes every one of them before reading it
 // (std::vector would fill them with zeros first: a pass over memory for nothing).
+template <typename T>
+class Scratch {
+ public:
+  explicit Scratch(int64_t n) : data_(new T[n]) {}
+  T* data() const { return data_.get(); }
+  T& operator[](int64_t i) const { return data_[i]; }
+
+ private:
+  std::unique_ptr<T[]> data_;
+};
+
 // v as it is, hidden from the optimizer: the kernels build with -fassociative-math, which
 // is free to regroup a product chain (a * b) * c as a * (b * c); a product passed through
 // here rounds where the vector path rounds it.
@@ -44,17 +55,6 @@ inline float kept(float v) {
 #endif
   return v;
 }
-
-template <typename T>
-class Scratch {
- public:
-  explicit Scratch(int64_t n) : data_(new T[n]) {}
-  T* data() const { return data_.get(); }
-  T& operator[](int64_t i) const { return data_[i]; }
-
- private:
-  std::unique_ptr<T[]> data_;
-};
 
 // Each thread runs worker(take), take() handing out 0, 1, ..., count - 1 once each to
 // whichever thread asks first, then -1: items of uneven cost, put in order of cost, keep

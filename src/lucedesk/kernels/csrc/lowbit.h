@@ -451,6 +451,10 @@ std::pair<int64_t, int64_t> check_lowbit_weight(const at::Tensor& q, const at::T
   return {N, K};
 }
 
+// Whether with_scales hands out a 6-bit weight's scales (the pointer type P is int8's).
+template <typename P>
+constexpr bool is_six_bit_scales = std::is_same_v<std::remove_cv_t<std::remove_pointer_t<P>>, int8_t>;
+
 // run(d, m) with the scales' pointers in their type.
 template <typename Run>
 void with_scales(const at::Tensor& d, const at::Tensor& m, const Run& run) {
@@ -459,8 +463,7 @@ void with_scales(const at::Tensor& d, const at::Tensor& m, const Run& run) {
   else if (d.scalar_type() == at::kFloat8_e8m0fnu) {  // m is -12 d
     const auto* e = static_cast<const c10::Float8_e8m0fnu*>(d.data_ptr());
     run(e, e);
-  }
-  else if (d.scalar_type() == at::kHalf)
+  } else if (d.scalar_type() == at::kHalf)
     run(d.data_ptr<c10::Half>(), m.data_ptr<c10::Half>());
   else if (d.scalar_type() == at::kByte)
     run(d.data_ptr<uint8_t>(), m.data_ptr<uint8_t>());
@@ -482,8 +485,7 @@ at::Tensor lowbit_rows(const RowsQ8& xq, int64_t M, const at::Tensor& q, const a
   const auto run = [&](const auto* dp, const auto* mp) {
     at::parallel_for(0, N / 16, 1, [&](int64_t begin, int64_t end) {
       for (int64_t b = begin; b < end; ++b) {
-        if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(dp)>>,
-                                     int8_t>)
+        if constexpr (is_six_bit_scales<decltype(dp)>)
           lowbit_block<6>(xq, qp, dp, mp, yp, 0, M, N, K, b, vector, table, hs.data());
         else if (bits == 4)
           lowbit_block<4>(xq, qp, dp, mp, yp, 0, M, N, K, b, vector, table);
@@ -581,8 +583,7 @@ at::Tensor lowbit_moe_linear(const at::Tensor& x, const std::optional<at::Tensor
         const int64_t first = starts[e], count = starts[e + 1] - starts[e];
         const uint8_t* qe = qp + e * q_expert;
         const auto *de = dp + e * s_expert, *me = mp + e * s_expert;
-        if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(dp)>>,
-                                     int8_t>)
+        if constexpr (is_six_bit_scales<decltype(dp)>)
           lowbit_block<6>(grouped, qe, de, me, sorted.data(), first, count, N, K, b, vector,
                           table, hs.data());
         else if (bits == 4)
