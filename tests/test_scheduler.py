@@ -339,3 +339,39 @@ def test_block_pool_check_and_act():
         pool.free(ids)
     with pytest.raises(AssertionError):
         pool.check_integrity([[0]])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_blocks_ever_used_are_the_most_ever_held_at_once(seed):
+    """The pool's pages are resident once written: blank blocks freed are handed out again
+    before any never used (they went first in, first out, so a pool of 1,000 blocks was
+    walked end to end by requests holding a few blocks each)."""
+    rng = random.Random(seed)
+    pool = BlockPool(1000, 16)
+    held: list[list[int]] = []
+    most = 0
+    for _ in range(400):
+        if held and (rng.random() < 0.5 or not pool.can_allocate(8)):
+            pool.free(held.pop(rng.randrange(len(held))))
+        else:
+            held.append(pool.allocate(rng.randint(1, 8)))
+        in_use = sum(map(len, held))
+        most = max(most, in_use)
+        assert pool.num_used_blocks == in_use
+        assert pool.num_touched_blocks == most
+        assert {b for ids in held for b in ids} <= set(range(most))
+    pool.check_integrity(held)
+
+
+def test_cached_blocks_stay_while_never_used_ones_remain():
+    pool = BlockPool(6, 2, caching=True)
+    first = pool.allocate(2)
+    for i, b in enumerate(first):
+        pool.register(b, None if i == 0 else pool.key_of(first[0]), [i, i])
+    pool.free(first)  # both keyed: kept for a later request with the same prefix
+    blank = pool.allocate(1)
+    pool.free(blank)  # no key: handed out again first
+    assert pool.allocate(1) == blank and pool.num_touched_blocks == 3
+    assert pool.allocate(3) == [3, 4, 5] and pool.num_evictions == 0
+    assert pool.allocate(1) == [first[1]] and pool.num_evictions == 1  # the tail goes first
+    pool.check_integrity([blank, [3, 4, 5], [first[1]]])

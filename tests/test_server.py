@@ -333,7 +333,7 @@ def test_body_size_limit(loaded):
         engine.shutdown()
 
 
-def test_health_models_metrics(server, client):
+def test_health_models_metrics(server, client, loaded):
     running, _ = server
     health = httpx.get(running.url + "/health").json()
     assert health["status"] == "ok" and {"active", "queued", "completed"} <= set(health)
@@ -344,6 +344,7 @@ def test_health_models_metrics(server, client):
         "lucedesk_time_to_first_token_seconds_bucket",
         "lucedesk_inter_token_latency_seconds_count",
         "lucedesk_kv_blocks_total",
+        "lucedesk_kv_blocks_touched",
         "lucedesk_requests_waiting",
         "lucedesk_preemptions_total",
         "lucedesk_generation_tokens_total",
@@ -367,6 +368,11 @@ def test_health_models_metrics(server, client):
     assert grew["lucedesk_time_to_first_token_seconds_count"] == 3
     assert grew["lucedesk_inter_token_latency_seconds_count"] == 18
     assert after["lucedesk_requests_running"] == 0
+    # The pool's resident part: the blocks ever used, each K and V of every layer (float32).
+    c = loaded.config
+    block = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 4 * 16
+    assert after["lucedesk_kv_block_bytes"] == block
+    assert 1 <= after["lucedesk_kv_blocks_touched"] <= after["lucedesk_kv_blocks_total"]
 
 
 def metric_values(text: str) -> dict[str, float]:

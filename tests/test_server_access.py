@@ -127,6 +127,15 @@ def test_serve_listens_first_and_health_says_starting_until_the_model_serves(
     assert f"lucedesk: loading {default_model.name}" in log.read_text()
 
 
+def resident_bytes(pid: int, part: str = "VmRSS") -> int:
+    """A process's resident memory: all of it, or "RssAnon" (heaps, the KV pool's touched
+    pages) or "RssFile" (mapped files: held weights, libraries)."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith(part + ":"):
+            return int(line.split()[1]) << 10
+    raise KeyError(part)
+
+
 def test_memory_a_refused_long_prompt_took_goes_back(default_model, tmp_path):
     """Four 3.9 MB prompts (each tokenized, then refused) left the server 0.8 GB larger for
     good: freed memory stayed in the C heap's arenas. A measure of what a request leaves,
@@ -145,12 +154,6 @@ def test_memory_a_refused_long_prompt_took_goes_back(default_model, tmp_path):
     )
     url = f"http://127.0.0.1:{port}"
 
-    def rss() -> int:
-        for line in open(f"/proc/{proc.pid}/status"):
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) << 10
-        raise KeyError("VmRSS")
-
     def refused(text: str) -> int:
         body = {**CHAT, "messages": [{"role": "user", "content": text}]}
         return httpx.post(url + "/v1/chat/completions", json=body, timeout=300).status_code
@@ -162,12 +165,60 @@ def test_memory_a_refused_long_prompt_took_goes_back(default_model, tmp_path):
     texts = [" ".join(rng.choices(words, k=780_000))[:3_900_000] for _ in range(2)]
     try:
         wait_until(lambda: up(url), 120, 0.2)
-        ready = rss()
+        ready = resident_bytes(proc.pid)
         for _ in range(2):
             with concurrent.futures.ThreadPoolExecutor(2) as pool:
                 codes = list(pool.map(refused, texts))
             assert codes == [400, 400]
-        wait_until(lambda: rss() - ready < 400 << 20, 10, 0.5)  # before: +790 MB, kept
+        # before: +790 MB, kept
+        wait_until(lambda: resident_bytes(proc.pid) - ready < 400 << 20, 10, 0.5)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_resident_memory_grows_with_the_kv_blocks_used(default_model):
+    """The KV pool is reserved, not written: at ready none of its 2.8 GB is resident, and
+    afterwards what the process's anonymous memory grew by is the blocks ever used plus at
+    most the activation reserve the fit check counts (held weights are mapped from their
+    cache file: they come in as file pages on first use). Before: freed blank blocks were
+    handed out first in, first out, so twelve requests one after another touched twelve
+    requests' blocks; and the first token written made a 2 MiB huge page resident per KV
+    head, layer, K and V (+300 MB for 7 MB of blocks). A measure of memory, not of time."""
+    import random
+    import subprocess
+    import sys
+
+    port = free_port()
+    reserve_mb = 128
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lucedesk", "serve", "--model", str(default_model)]
+        + ["--port", str(port), "--set", "max_slots=2", "--set", "kv_pool_tokens=131072"]
+        + ["--set", "prefix_cache=false", "--set", f"activation_reserve_mb={reserve_mb}"]
+        + ["--no-disk-cache"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    rng = random.Random(1)
+    try:
+        wait_until(lambda: up(url), 120, 0.2)
+        pool = httpx.get(url + "/slots").json()
+        pool_bytes = pool["blocks_total"] * pool["kv_block_bytes"]
+        assert pool["blocks_touched"] == 0 and pool_bytes > 2 << 30
+        ready = resident_bytes(proc.pid, "RssAnon")
+        assert ready < pool_bytes / 2
+        for _ in range(12):
+            words = " ".join(rng.choice(["alpha", "beta", "gamma", "delta"]) for _ in range(300))
+            body = {**CHAT, "messages": [{"role": "user", "content": words}], "max_tokens": 8}
+            r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+            assert r.status_code == 200
+        pool = httpx.get(url + "/slots").json()
+        one = -(-(300 + 40) // pool["block_size"])  # a request's blocks, its template included
+        assert 0 < pool["blocks_touched"] <= 2 * one  # twelve in turn: one's blocks, used again
+        kv = pool["blocks_touched"] * pool["kv_block_bytes"]
+        assert resident_bytes(proc.pid, "RssAnon") - ready <= kv + (reserve_mb << 20)
     finally:
         proc.terminate()
         proc.wait(30)

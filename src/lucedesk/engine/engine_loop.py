@@ -38,6 +38,8 @@ class EngineLoop:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.pool_basis = ""  # why the KV pool holds its blocks (said in the stats)
+        # What one KV block holds, every layer's K and V (0 for a model with no KV tensors)
+        self.kv_block_bytes: int = getattr(seq_engine, "block_bytes", 0)
         self.outputs = OutputProcessor(tokenizer, scheduler.finish)
         # ("add", (request, handle)) or ("cancel", request_id), appended by any thread
         self._inbox: deque[tuple[str, object]] = deque()
@@ -323,7 +325,12 @@ class EngineLoop:
         now = time.monotonic()
         self._collector.on_step(now if started is None else started, now, num_generated)
         self._stats = self._collector.snapshot(
-            self.scheduler, self.model_name, now, self._num_pending, self.pool_basis
+            self.scheduler,
+            self.model_name,
+            now,
+            self._num_pending,
+            self.pool_basis,
+            self.kv_block_bytes,
         )
         closing, self._closing = self._closing, {}
         for request_id in closing:

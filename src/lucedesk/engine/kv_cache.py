@@ -11,11 +11,16 @@ so equal keys mean equal prefixes; a hit is still confirmed by comparing the tok
 its last holder lets go, a keyed block keeps its key and waits on an LRU list: a new request
 with the same prefix takes it back (a hit), and the pool hands it out for other data only
 after every never-keyed free block is gone (the least recently used first).
+
+Blank blocks are handed out last freed first, and a block never used only when no freed one
+is blank: the pool's pages are reserved, not written (kernels/kv_storage.zeros), so the
+blocks ever used (`num_touched_blocks`) are what the pool holds resident, and with the
+prefix cache off they stay the most that were ever in use at once.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 
@@ -41,7 +46,8 @@ class BlockPool:
         self.block_size = block_size
         self.caching = caching
         self.ref_counts = [0] * num_blocks
-        self._free: deque[int] = deque(range(num_blocks))  # free, holding nothing reusable
+        self._free: list[int] = []  # freed, holding nothing reusable; the last freed last
+        self._fresh = 0  # blocks fresh..num_blocks - 1 were never handed out
         self._free_cached: OrderedDict[int, None] = OrderedDict()  # free, keyed; LRU first
         self._key_of: dict[int, int] = {}  # block -> its key
         self._tokens_of: dict[int, tuple[int, ...]] = {}  # block -> its tokens (to confirm)
@@ -53,12 +59,17 @@ class BlockPool:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free) + len(self._free_cached)
+        return self.num_blank_blocks + len(self._free_cached)
 
     @property
     def num_blank_blocks(self) -> int:
         """Free blocks holding no cached prefix (taking one evicts nothing)."""
-        return len(self._free)
+        return len(self._free) + self.num_blocks - self._fresh
+
+    @property
+    def num_touched_blocks(self) -> int:
+        """Blocks ever handed out: those whose pages are resident."""
+        return self._fresh
 
     @property
     def num_used_blocks(self) -> int:
@@ -77,7 +88,10 @@ class BlockPool:
         ids = []
         for _ in range(num_blocks):
             if self._free:
-                block = self._free.popleft()
+                block = self._free.pop()
+            elif self._fresh < self.num_blocks:
+                block = self._fresh
+                self._fresh += 1
             else:  # evict the least recently used keyed block
                 block, _ = self._free_cached.popitem(last=False)
                 self._forget(block)
@@ -180,7 +194,7 @@ class BlockPool:
         for table in block_tables:
             for i in table:
                 held[i] += 1
-        free = list(self._free) + list(self._free_cached)
+        free = self._free + list(self._free_cached) + list(range(self._fresh, self.num_blocks))
         assert len(set(free)) == len(free), "a block is on a free list twice"
         for i in free:
             assert self.ref_counts[i] == 0, f"free block {i} has references"

@@ -92,6 +92,11 @@ class TorchSeqEngine:
     def forget(self, request_ids: list[str]) -> None:
         self.sampler.forget(request_ids)
 
+    @property
+    def block_bytes(self) -> int:
+        """Bytes one KV block holds: every layer's K and V (and their scales)."""
+        return sum(t.nbytes // t.shape[1] for kv in self.caches for t in kv.tensors())
+
     def kv_layout(self) -> list[tuple[torch.dtype, tuple[int, ...]]]:
         """Each cache tensor's dtype and its shape for one block (the block axis, the
         second, left out), layer by layer: what a copy of blocks holds."""

@@ -98,6 +98,10 @@ class EngineStats:
     num_waiting: int = 0
     blocks_used: int = 0
     blocks_total: int = 0
+    # Blocks ever handed out: the pool is reserved, not written, so these are its resident
+    # part (kv_cache.BlockPool); kv_block_bytes each, every layer's K and V.
+    blocks_touched: int = 0
+    kv_block_bytes: int = 0
     block_size: int = 16
     num_preemptions: int = 0
     num_completed: int = 0
@@ -225,7 +229,13 @@ class StatsCollector:
         )
 
     def snapshot(
-        self, sched: Scheduler, model: str, now: float, num_pending: int = 0, pool_basis: str = ""
+        self,
+        sched: Scheduler,
+        model: str,
+        now: float,
+        num_pending: int = 0,
+        pool_basis: str = "",
+        kv_block_bytes: int = 0,
     ) -> EngineStats:
         """What monitors see after a step: the scheduler's slots, queue, pool and counters
         with these rates and latencies; `num_pending` requests are submitted and not yet
@@ -241,6 +251,8 @@ class StatsCollector:
             num_waiting=len(sched.waiting) + num_pending,
             blocks_used=pool.num_used_blocks,
             blocks_total=pool.num_blocks,
+            blocks_touched=pool.num_touched_blocks,
+            kv_block_bytes=kv_block_bytes,
             block_size=pool.block_size,
             pool_basis=pool_basis,
             spans=self.spans(),

@@ -16,9 +16,9 @@ in the model dtype)."""
 from __future__ import annotations
 
 import math
+import mmap
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from lucedesk.kernels.checks import require
@@ -43,16 +43,22 @@ def dequantize(values: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -
 
 
 def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
-    """A zeroed cache tensor. In host memory it comes from calloc (through numpy), whose
-    large blocks are pages the kernel maps zeroed on first touch: the pool is reserved, not
-    written, so a start does not spend ~0.5 s a GB zeroing it and the process's resident
-    memory grows as blocks are used (torch.zeros writes every byte)."""
+    """A zeroed cache tensor. In host memory it is an anonymous mapping of its own, whose pages
+    the kernel maps zeroed on first touch: the pool is reserved, not written, so a start does
+    not spend ~0.5 s a GB zeroing it (torch.zeros writes every byte), and the process's
+    resident memory grows by the blocks used. Without transparent huge pages: a cache's
+    layout puts each KV head's blocks apart, so a 2 MiB page per head, layer, K and V came
+    with the first token written (numpy asks for huge pages on large arrays), 250 MB of the
+    default model's pool resident for a 5-token prompt."""
     if torch.device(device).type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     size = math.prod(shape) * dtype.itemsize
-    raw = np.zeros(size + 64, dtype=np.uint8)
-    start = -raw.ctypes.data % 64  # 64-byte aligned, as torch's own allocations are
-    return torch.from_numpy(raw[start : start + size]).view(dtype).view(shape)
+    if size == 0:
+        return torch.zeros(shape, dtype=dtype)
+    pages = mmap.mmap(-1, size)  # page-aligned; unmapped when the last tensor on it goes
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        pages.madvise(mmap.MADV_NOHUGEPAGE)
+    return torch.frombuffer(pages, dtype=dtype).view(shape)
 
 
 @dataclass(slots=True)

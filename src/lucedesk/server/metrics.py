@@ -36,6 +36,12 @@ def render(stats: EngineStats) -> str:
     gauges = [
         ("lucedesk_kv_blocks_used", "KV cache blocks in use.", stats.blocks_used),
         ("lucedesk_kv_blocks_total", "KV cache blocks in the pool.", stats.blocks_total),
+        (
+            "lucedesk_kv_blocks_touched",
+            "KV cache blocks ever used: the pool's resident part (it is reserved, not written).",
+            stats.blocks_touched,
+        ),
+        ("lucedesk_kv_block_bytes", "Bytes of one KV block, all layers.", stats.kv_block_bytes),
         ("lucedesk_requests_running", "Requests holding a slot.", stats.num_running),
         ("lucedesk_requests_waiting", "Requests in the queue.", stats.num_waiting),
         ("lucedesk_generation_tokens_per_second", "Recent output rate.", stats.tokens_per_s),

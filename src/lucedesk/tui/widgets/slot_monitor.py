@@ -160,6 +160,8 @@ class SlotMonitor(Vertical):
         )
         # Fixed-size labels: updated without a layout pass of the whole screen.
         kv = f"{stats.blocks_used}/{stats.blocks_total} blocks of {stats.block_size} tokens"
+        if stats.kv_block_bytes:  # the pool's pages are resident once a block is used
+            kv += f" · {stats.blocks_touched * stats.kv_block_bytes / 2**20:,.0f} MiB resident"
         basis = f"KV pool: {stats.pool_basis}" if stats.pool_basis else ""
         if self.border_subtitle != basis:  # why the pool is that size, on the bottom border
             self.border_subtitle = basis
