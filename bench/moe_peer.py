@@ -34,6 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
 import llama_cpp_peer as peer
 from large_prompts import rss_mb, rss_parts_mb
 
@@ -190,9 +191,11 @@ def measure(file: Path, binary: Path, args: argparse.Namespace, bench: list[str]
             servers[who] = peer.start_server(who, cmd, own_port, log_dir)
             stack.callback(peer.stop_server, servers[who])
             peer.wait_healthy(servers[who])
+        anon_ready = rss_parts_mb(servers["lucedesk"].proc.pid)["RssAnon"]
         runs = peer.abba(servers["lucedesk"], servers["llama.cpp"], bench, tmp)
         rss = {who: rss_mb(s.proc.pid) for who, s in servers.items()}
         parts = {who: rss_parts_mb(s.proc.pid) for who, s in servers.items()}
+        pool = httpx.get(servers["lucedesk"].url + "/slots", timeout=10).json()
     weights.cleanup()
     del os.environ["LUCEDESK_WEIGHT_CACHE"]
     for note in peer.disagreements(runs):
@@ -207,8 +210,22 @@ def measure(file: Path, binary: Path, args: argparse.Namespace, bench: list[str]
         "ready_rss_mib": {who: statistics.median(m for _, m in v) for who, v in ready.items()},
         "rss_mib": rss,
         "rss_parts_mib": parts,
+        # lucedesk's anonymous memory: at ready, and what it grew by beyond the KV blocks the
+        # runs touched (bounded by the profile's activation reserve)
+        "anon_ready_mib": anon_ready,
+        "kv_touched_mib": pool["blocks_touched"] * pool["kv_block_bytes"] / 2**20,
+        "kv_pool_mib": pool["blocks_total"] * pool["kv_block_bytes"] / 2**20,
+        "activation_reserve_mib": activation_reserve_mb(),
         "first_start_s": first_start[0],
     }
+
+
+def activation_reserve_mb() -> int:
+    """The detected profile's activation reserve: what a load keeps beyond weights and KV."""
+    from lucedesk.profile import all_profiles, detect, probe_device
+
+    profile, _why = detect(all_profiles(), probe_device())
+    return profile.engine.activation_reserve_mb
 
 
 def report(results: list[dict]) -> str:
@@ -231,7 +248,12 @@ def report(results: list[dict]) -> str:
             f"| {r['ready_rss_mib']['llama.cpp']:.0f} | |\n"
             f"| resident after the runs, MiB | {rss['lucedesk']:.0f} | {rss['llama.cpp']:.0f} | |\n"
             f"| of which anonymous / file-backed, MiB | {anon['lucedesk']} / {mapped['lucedesk']} "
-            f"| {anon['llama.cpp']} / {mapped['llama.cpp']} | |"
+            f"| {anon['llama.cpp']} / {mapped['llama.cpp']} | |\n"
+            f"| KV blocks touched after the runs (of the pool), MiB | {r['kv_touched_mib']:.0f} "
+            f"(of {r['kv_pool_mib']:.0f}) | | |\n"
+            f"| anonymous growth since ready beyond them, MiB (bound: the activation reserve, "
+            f"{r['activation_reserve_mib']}) "
+            f"| {anon['lucedesk'] - r['anon_ready_mib'] - r['kv_touched_mib']:.0f} | | |"
         )
     return "\n\n".join(parts)
 
@@ -250,7 +272,9 @@ llama.cpp, llama.cpp, lucedesk; medians), then both servers up and `lucedesk ben
 in both orders (`bench/llama_cpp_peer.py`'s ABBA; each cell the median of a server's two
 runs, a ratio lucedesk / llama.cpp), and each server's resident memory after the runs
 (anonymous: heaps and the KV cache's touched pages; file-backed: mapped weights and
-libraries).
+libraries); for lucedesk also the KV blocks the runs touched (`/slots`: blocks ever used
+times a block's bytes) and what its anonymous memory grew by since ready beyond them,
+against the profile's activation reserve.
 lucedesk runs the detected profile with prompt lookup off."""
 
 
