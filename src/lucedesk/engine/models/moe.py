@@ -87,7 +87,8 @@ class Experts(nn.Module):
 
     @staticmethod
     def _bias(h: torch.Tensor, bias: torch.Tensor | None, experts: torch.Tensor) -> torch.Tensor:
-        return h if bias is None else h + bias[experts]
+        # index_select: advanced indexing runs an iterator and a parallel region for a few rows
+        return h if bias is None else h + bias.index_select(0, experts)
 
 
 class MoEBlock(nn.Module):

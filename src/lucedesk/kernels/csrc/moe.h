@@ -73,11 +73,12 @@ at::Tensor moe_output(const at::Tensor& h, const MoEArgs& moe, bool vector) {
   const at::Tensor rows = at::arange(T, flat.options()).repeat_interleave(k);
   const LowBitArgs& gu = moe.gate_up;
   at::Tensor pairs = lowbit_moe_linear(h, rows, flat, gu.q, gu.d, gu.m, gu.bits, vector, gu.lut);
-  if (moe.gate_up_bias.has_value()) pairs = at::add(pairs, moe.gate_up_bias->index({flat}));
+  // index_select, not index: a few rows gathered without an iterator or a parallel region
+  if (moe.gate_up_bias.has_value()) pairs.add_(moe.gate_up_bias->index_select(0, flat));
   const LowBitArgs& dn = moe.down;
   at::Tensor y = lowbit_moe_linear(gated_pairs(pairs, moe).contiguous(), std::nullopt, flat, dn.q,
                                    dn.d, dn.m, dn.bits, vector, dn.lut);
-  if (moe.down_bias.has_value()) y = at::add(y, moe.down_bias->index({flat}));
+  if (moe.down_bias.has_value()) y.add_(moe.down_bias->index_select(0, flat));
   // Each row's weighted sum in rank order, whatever else is in the batch: one pass doing
   // what ATen's bfloat16 mul and add do per element (the product and the sum in float,
   // each rounded to bfloat16), without their 2k - 1 calls.
