@@ -199,6 +199,30 @@ def test_float16_scales_give_the_bits_of_float32_scales(bits):
     assert LowBitWeight(levels, d + 1e-9, m, bits).d.dtype == torch.float32
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_symmetric_scales_give_the_bits_of_held_offsets(bits):
+    """Levels symmetric about 2^(bits - 1) (Q4_0's, Q8_0's: m = -2^(bits - 1) d) hold their
+    float16 d alone, 0.5625 / 1.0625 bytes a weight, and give the bits of the same scales
+    with m held beside them, on both paths."""
+    levels, d, _, g = random_levels(96, 1024, bits, 17)
+    d = d.half().float()
+    m = -float(1 << (bits - 1)) * d
+    x = torch.randn(13, 1024, generator=g).bfloat16()
+    for vector in PATHS:
+        weight = LowBitWeight(levels, d, m, bits, vector=vector)
+        assert weight.d.dtype == torch.float16 and weight.m.numel() == 0
+        assert weight.nbytes == 96 * 1024 * (0.5625 if bits == 4 else 1.0625)
+        held = LowBitWeight(levels, d, m, bits, vector=vector)
+        held.m = channel_blocks(m).half()
+        assert torch.equal(weight(x), held(x))
+        assert torch.equal(weight.dequantize(), held.dequantize())
+        assert torch.equal(
+            weight.dequantize(),
+            levels.float() * d.repeat_interleave(32, 1) + m.repeat_interleave(32, 1),
+        )
+    assert LowBitWeight(levels, d, m + d / 2, bits).m.numel() == d.numel()  # not symmetric
+
+
 def test_exponent_scales_give_the_bits_of_float32_scales():
     """Scales that are powers of two with m = -12 d (MXFP4's) are held as exponent bytes,
     0.53 bytes a 4-bit weight, the smallest included (2^-128 and 2^-127, float32 subnormals),

@@ -256,12 +256,13 @@ def apply_weight_format(model: DecoderModel, wanted: str, kernels: str) -> str:
 
     Decode streams every weight each step, so fewer bytes a weight is speed. Both formats
     run in the C++ CPU kernels on bf16 activations:
-    - q4: a GGUF file's blocks as they are: 4-bit ones (Q4_0, Q4_1, Q4_K) at 4 bits, 0.625
+    - q4: a GGUF file's blocks as they are: 4-bit ones (Q4_0, Q4_1, Q4_K) at 4 bits, 0.5625
       to 0.75 bytes a weight; Q5_0, Q5_1 and Q8_0 ones (and a fused weight with such a
-      part) at 8 bits, 1.125 bytes where the scales are float16 (1.25 where a Q4_K part's
-      are not); Q6_K ones at 6 bits, 0.83 bytes (their int8 scales per sixteen inputs as
-      they are); a weight in any other type (Q5_K, float, or Q6_K fused with another type)
-      at 8 bits from its values, 1.25 bytes (`_maker` logs which were held how);
+      part) at 8 bits, 1.125 bytes where the scales are float16 (1.0625 for Q8_0's, whose m
+      is implied; 1.25 where a Q4_K part's are not); Q6_K ones at 6 bits, 0.83 bytes (their
+      int8 scales per sixteen inputs as they are); a weight in any other type (Q5_K,
+      float, or Q6_K fused with another type) at 8 bits from its values, 1.25 bytes
+      (`_maker` logs which were held how);
     - int8: an affine scale per 32 inputs, 1.125 to 1.25 bytes a weight (the file's levels
       where its blocks are grids, as for q4 but all at 8 bits).
     `auto` takes q4 where the VNNI kernels run for a file in Q4_0, Q4_1 or Q4_K, and for

@@ -144,13 +144,13 @@ def six_bit_values(levels: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     return ((levels.float() - 32).view(n, -1, 16) * d[..., None]).view(n, k)
 
 
-def held_values(levels: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """levels [N, K] with their scales as the kernels hold them (a 6-bit weight's int8
-    ones included) -> the [N, K] float32 values they stand for."""
+def held_values(levels: torch.Tensor, d: torch.Tensor, m: torch.Tensor, bits: int) -> torch.Tensor:
+    """`bits` levels [N, K] with their scales as the kernels hold them (a 6-bit weight's
+    int8 ones included) -> the [N, K] float32 values they stand for."""
     k = levels.shape[1]
     if d.dtype == torch.int8:
         return six_bit_values(levels, six_bit_rows(d, k))
-    return affine(levels, *held_rows(d, m, k))
+    return affine(levels, *held_rows(d, m, k, bits))
 
 
 def unpack_levels(

@@ -172,7 +172,7 @@ class LowBitWeight(_LowBit):
             self.d, self.m = kquant_scales(*factors[:2]), kquant_scales(*factors[2:])
         else:
             self.q, d, m = pack_levels(levels, d, m, bits)
-            self.d, self.m = compact_scales(d, m)
+            self.d, self.m = compact_scales(d, m, bits)
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, vector: bool | None = None) -> LowBitWeight:
@@ -185,7 +185,7 @@ class LowBitWeight(_LowBit):
 
     def dequantize(self) -> torch.Tensor:
         """[N, K] float32: d * level + m."""
-        return held_values(self.levels(), self.d, self.m)
+        return held_values(self.levels(), self.d, self.m, self.bits)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [M, K] bfloat16 -> [M, N] bfloat16."""
@@ -246,10 +246,10 @@ class GroupedLowBitWeight(_LowBit):
     def compact(self) -> None:
         """Once every expert is set: the group scales in the fewest bytes that give them
         exactly (`compact_scales`: an MXFP4 file's as exponent bytes, 0.53 bytes a weight;
-        a Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1 file's in float16, an 8-bit weight 1.125 instead of
-        1.25), the same bits."""
+        a Q4_1, Q5_0 or Q5_1 file's in float16, an 8-bit weight 1.125 instead of 1.25; a
+        Q4_0 or Q8_0 file's d alone, m implied: 1.0625), the same bits."""
         if not self.takes_factors:
-            self.d, self.m = compact_scales(self.d, self.m)
+            self.d, self.m = compact_scales(self.d, self.m, self.bits)
 
     def set(
         self,
@@ -281,7 +281,7 @@ class GroupedLowBitWeight(_LowBit):
     def dequantize(self, expert: int) -> torch.Tensor:
         """One expert's [N, K] float32 weight."""
         levels = unpack_levels(self.q[expert], self.bits, *self.shape, self.lut)
-        return held_values(levels, self.d[expert], self.m[expert])
+        return held_values(levels, self.d[expert], self.m[expert], self.bits)
 
     def __call__(
         self, x: torch.Tensor, experts: torch.Tensor, rows: torch.Tensor | None = None

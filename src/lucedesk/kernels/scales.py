@@ -1,7 +1,8 @@
 """The group scales of the low-bit kernels' weights, as they are laid out for them
 (csrc/lowbit.h): float32 or float16 per sixteen channels and group of 32 inputs, or a
 K-quant's uint8 factors with float32 super-block scales, or exponent bytes where every d is
-a power of two and m = -12 d (MXFP4's), or a 6-bit weight's int8 factors per sixteen inputs
+a power of two and m = -12 d (MXFP4's), or float16 d alone where m = -2^(bits - 1) d
+(symmetric levels: Q8_0's and Q4_0's), or a 6-bit weight's int8 factors per sixteen inputs
 with float32 super-block scales; and back to rows."""
 
 from __future__ import annotations
@@ -76,12 +77,21 @@ def six_bit_rows(scales: torch.Tensor, k: int) -> torch.Tensor:
     return factor_rows(scales, k // HALF)
 
 
-def held_rows(d: torch.Tensor, m: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A weight's d and m as the kernels hold them -> both [N, K / 32] float32."""
+def implied_offset(d: torch.Tensor, bits: int) -> float | None:
+    """m as a multiple of d where the kernels hold d alone (exponent scales: -12; symmetric
+    float16 ones: -2^(bits - 1)), else None (m is held)."""
     if d.dtype == EXPONENT:
-        rows = scale_rows(d, k)
-        return rows, -12 * rows
-    return scale_rows(d, k), scale_rows(m, k)
+        return -12.0
+    return None if d.dtype != torch.float16 else -float(1 << (bits - 1))
+
+
+def held_rows(
+    d: torch.Tensor, m: torch.Tensor, k: int, bits: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A `bits` weight's d and m as the kernels hold them -> both [N, K / 32] float32."""
+    rows = scale_rows(d, k)
+    ratio = implied_offset(d, bits) if m.numel() == 0 else None
+    return (rows, ratio * rows) if ratio is not None else (rows, scale_rows(m, k))
 
 
 def scale_rows(scales: torch.Tensor, k: int) -> torch.Tensor:
@@ -106,20 +116,26 @@ def exact_factors(
     )
 
 
-def compact_scales(d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The group scales in the fewest bytes that give them exactly: where every d is a
-    power of two and m is -12 d (an MXFP4 file's are), d's exponent bytes alone (0.53 bytes a
-    4-bit weight); else float16 where every one is a float16 value (a Q4_0 or Q4_1 file's
-    are); else as they are. The kernels widen them exactly, so the results are the same
-    bits."""
+def compact_scales(
+    d: torch.Tensor, m: torch.Tensor, bits: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The group scales of a `bits` weight in the fewest bytes that give them exactly: where
+    every d is a power of two and m is -12 d (an MXFP4 file's are), d's exponent bytes alone
+    (0.53 bytes a 4-bit weight); else float16 where every one is a float16 value (a Q4_0,
+    Q4_1 or Q8_0 file's are), d alone where m is -2^(bits - 1) d (symmetric levels: Q8_0's
+    and Q4_0's, 1.0625 bytes an 8-bit weight, 0.5625 a 4-bit one); else as they are. The
+    kernels widen them exactly (and make m from d exactly), so the results are the same
+    bits. (No m: an empty row for each leading index, so that an expert's m is m[e].)"""
+    none = (d.shape[0], 0)
     mantissa, exponent = torch.frexp(d.float())  # d = mantissa * 2^exponent
     e = exponent.to(torch.int32) + 127  # d = 2^(e - 128) where the mantissa is 1/2
     if bool((mantissa == 0.5).all() and ((e >= 0) & (e <= 254)).all()) and torch.equal(
         m.float(), -12 * d.float()
     ):
-        # (no m: an empty row for each leading index, so that an expert's m is m[e])
-        return e.to(torch.uint8).view(EXPONENT), torch.empty(d.shape[0], 0, dtype=EXPONENT)
+        return e.to(torch.uint8).view(EXPONENT), torch.empty(none, dtype=EXPONENT)
     d16, m16 = d.half(), m.half()
-    if torch.equal(d16.float(), d) and torch.equal(m16.float(), m):
-        return d16, m16
-    return d, m
+    if not torch.equal(d16.float(), d):
+        return d, m
+    if torch.equal(m.float(), -float(1 << (bits - 1)) * d16.float()):
+        return d16, torch.empty(none, dtype=torch.float16)
+    return (d16, m16) if torch.equal(m16.float(), m) else (d, m)

@@ -33,7 +33,10 @@ namespace {
 //
 // MXFP4's scales may be held as the file has them, an exponent byte e a group and channel
 // (float8_e8m0fnu): d = 2^(e - 128) and m = -12 d, both exact, so the arithmetic is that of
-// the same scales in float16, for 0.53 bytes a weight instead of 0.625.
+// the same scales in float16, for 0.53 bytes a weight instead of 0.625. Symmetric levels
+// (Q8_0's and Q4_0's: w = d * (level - 2^(bits - 1))) hold their float16 d alone
+// (SymmetricHalf, m empty): m = -2^(bits - 1) d is exact, so again the same arithmetic,
+// for 1.0625 bytes an 8-bit weight instead of 1.125 and 0.5625 a 4-bit one instead of 0.625.
 //
 // 6 bits (llama.cpp's Q6_K as it is): w = d * (level - 32), level in 0..63, with a d for
 // each sixteen inputs, a signed 8-bit factor times its 256-input super-block's float16
@@ -103,14 +106,29 @@ inline __attribute__((always_inline)) float scale_at(const c10::Float8_e8m0fnu* 
 }
 
 // A group's m for channel ch, whose d is `d`: held beside d, or for exponent scales -12 d.
-template <typename S>
+template <int Bits, typename S>
 inline __attribute__((always_inline)) float offset_at(const S* m, int64_t chunks, int64_t c,
                                                       int64_t ch, float) {
   return scale_at(m, chunks, c, ch);
 }
+template <int Bits>
 inline __attribute__((always_inline)) float offset_at(const c10::Float8_e8m0fnu*, int64_t,
                                                       int64_t, int64_t, float d) {
   return -12.f * d;
+}
+
+// Symmetric levels' float16 d, whose m is implied (see the top).
+struct SymmetricHalf {
+  c10::Half d;
+};
+inline __attribute__((always_inline)) float scale_at(const SymmetricHalf* s, int64_t, int64_t c,
+                                                     int64_t ch) {
+  return static_cast<float>(s[c * 16 + ch].d);
+}
+template <int Bits>
+inline __attribute__((always_inline)) float offset_at(const SymmetricHalf*, int64_t, int64_t,
+                                                      int64_t, float d) {
+  return -static_cast<float>(1 << (Bits - 1)) * d;
 }
 
 // Where block b's scales start, in elements of S.
@@ -166,7 +184,7 @@ void block_rows_plain(const uint8_t* q, const S* d, const S* m, int64_t chunks,
             isum += level_at<Bits>(chunk, 64 * j + 4 * ch + e, lut) * xr[32 * c + 4 * j + e];
         const float dv = scale_at(d, chunks, c, ch);
         const float a = std::fma(static_cast<float>(isum), dv * dx, acc[ch]);
-        acc[ch] = std::fma(offset_at(m, chunks, c, ch, dv), sx, a);
+        acc[ch] = std::fma(offset_at<Bits>(m, chunks, c, ch, dv), sx, a);
       }
     }
     std::memcpy(out + 16 * r, acc, sizeof acc);
@@ -184,6 +202,9 @@ inline __m512 load16(const c10::Float8_e8m0fnu* s, int64_t, int64_t c) {
   return _mm512_scalef_ps(_mm512_set1_ps(1.f),
                           _mm512_cvtepi32_ps(_mm512_sub_epi32(e, _mm512_set1_epi32(128))));
 }
+inline __m512 load16(const SymmetricHalf* s, int64_t, int64_t c) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + c * 16)));
+}
 inline __m512 load16(const uint8_t* s, int64_t chunks, int64_t c) {
   const __m512 factors = _mm512_cvtepi32_ps(
       _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + c * 16))));
@@ -192,12 +213,17 @@ inline __m512 load16(const uint8_t* s, int64_t chunks, int64_t c) {
 }
 
 // Group c's sixteen m's (offset_at's values), d's being dw.
-template <typename S>
+template <int Bits, typename S>
 inline __m512 load_offsets16(const S* m, int64_t chunks, int64_t c, __m512) {
   return load16(m, chunks, c);
 }
+template <int Bits>
 inline __m512 load_offsets16(const c10::Float8_e8m0fnu*, int64_t, int64_t, __m512 dw) {
   return _mm512_mul_ps(dw, _mm512_set1_ps(-12.f));
+}
+template <int Bits>
+inline __m512 load_offsets16(const SymmetricHalf*, int64_t, int64_t, __m512 dw) {
+  return _mm512_mul_ps(dw, _mm512_set1_ps(-static_cast<float>(1 << (Bits - 1))));
 }
 
 // Rows is a compile-time count so that each row's sums stay in registers.
@@ -255,7 +281,7 @@ void block_rows_vnni(const uint8_t* q, const S* d, const S* m, int64_t chunks,
       isum[r] = part[r][0];
       for (int p = 1; p < Parts; ++p) isum[r] = _mm512_add_epi32(isum[r], part[r][p]);
     }
-    const __m512 dw = load16(d, chunks, c), mw = load_offsets16(m, chunks, c, dw);
+    const __m512 dw = load16(d, chunks, c), mw = load_offsets16<Bits>(m, chunks, c, dw);
     for (int r = 0; r < Rows; ++r) {
       const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(xd[r * chunks + c]));
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), scale, acc[r]);
@@ -420,6 +446,11 @@ void check_scales(const at::Tensor& d, const at::Tensor& m, int64_t N, int64_t K
   }
   TORCH_CHECK(m.scalar_type() == type && d.is_contiguous() && m.is_contiguous(),
               "lowbit linear: group scales d and m must be contiguous, of one dtype");
+  if (type == at::kHalf && m.numel() == 0) {
+    TORCH_CHECK(d.numel() == weights * N * (K / 32),
+                "lowbit linear: symmetric scales are float16, one per 32 inputs, and no m");
+    return;
+  }
   if (type == at::kFloat8_e8m0fnu) {
     TORCH_CHECK(d.is_contiguous() && d.numel() == weights * N * (K / 32) && m.numel() == 0,
                 "lowbit linear: exponent scales are one byte per 32 inputs, and no m");
@@ -463,6 +494,9 @@ void with_scales(const at::Tensor& d, const at::Tensor& m, const Run& run) {
   else if (d.scalar_type() == at::kFloat8_e8m0fnu) {  // m is -12 d
     const auto* e = static_cast<const c10::Float8_e8m0fnu*>(d.data_ptr());
     run(e, e);
+  } else if (d.scalar_type() == at::kHalf && m.numel() == 0) {  // m is -2^(bits - 1) d
+    const auto* s = static_cast<const SymmetricHalf*>(d.data_ptr());
+    run(s, s);
   } else if (d.scalar_type() == at::kHalf)
     run(d.data_ptr<c10::Half>(), m.data_ptr<c10::Half>());
   else if (d.scalar_type() == at::kByte)
