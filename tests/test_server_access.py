@@ -128,12 +128,18 @@ def test_serve_listens_first_and_health_says_starting_until_the_model_serves(
 
 
 def resident_bytes(pid: int, part: str = "VmRSS") -> int:
-    """A process's resident memory: all of it, or "RssAnon" (heaps, the KV pool's touched
-    pages) or "RssFile" (mapped files: held weights, libraries)."""
+    """A process's resident memory: all of it, or a part ("RssFile": mapped files, the
+    held weights and libraries)."""
     for line in open(f"/proc/{pid}/status"):
         if line.startswith(part + ":"):
             return int(line.split()[1]) << 10
     raise KeyError(part)
+
+
+def not_file_backed(pid: int) -> int:
+    """Resident memory no file backs: heaps, the KV pool's touched pages (anonymous or
+    shared)."""
+    return resident_bytes(pid) - resident_bytes(pid, "RssFile")
 
 
 def test_memory_a_refused_long_prompt_took_goes_back(default_model, tmp_path):
@@ -179,8 +185,8 @@ def test_memory_a_refused_long_prompt_took_goes_back(default_model, tmp_path):
 
 def test_resident_memory_grows_with_the_kv_blocks_used(default_model):
     """The KV pool is reserved, not written: at ready none of its 2.8 GB is resident, and
-    afterwards what the process's anonymous memory grew by is the blocks ever used plus at
-    most the activation reserve the fit check counts (held weights are mapped from their
+    afterwards what the process's memory no file backs grew by is the blocks ever used plus
+    at most the activation reserve the fit check counts (held weights are mapped from their
     cache file: they come in as file pages on first use). Before: freed blank blocks were
     handed out first in, first out, so twelve requests one after another touched twelve
     requests' blocks; and the first token written made a 2 MiB huge page resident per KV
@@ -207,7 +213,7 @@ def test_resident_memory_grows_with_the_kv_blocks_used(default_model):
         pool = httpx.get(url + "/slots").json()
         pool_bytes = pool["blocks_total"] * pool["kv_block_bytes"]
         assert pool["blocks_touched"] == 0 and pool_bytes > 2 << 30
-        ready = resident_bytes(proc.pid, "RssAnon")
+        ready = not_file_backed(proc.pid)
         assert ready < pool_bytes / 2
         for _ in range(12):
             words = " ".join(rng.choice(["alpha", "beta", "gamma", "delta"]) for _ in range(300))
@@ -218,7 +224,7 @@ def test_resident_memory_grows_with_the_kv_blocks_used(default_model):
         one = -(-(300 + 40) // pool["block_size"])  # a request's blocks, its template included
         assert 0 < pool["blocks_touched"] <= 2 * one  # twelve in turn: one's blocks, used again
         kv = pool["blocks_touched"] * pool["kv_block_bytes"]
-        assert resident_bytes(proc.pid, "RssAnon") - ready <= kv + (reserve_mb << 20)
+        assert not_file_backed(proc.pid) - ready <= kv + (reserve_mb << 20)
     finally:
         proc.terminate()
         proc.wait(30)

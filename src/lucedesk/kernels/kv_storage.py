@@ -55,7 +55,9 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str
     size = math.prod(shape) * dtype.itemsize
     if size == 0:
         return torch.zeros(shape, dtype=dtype)
-    pages = mmap.mmap(-1, size)  # page-aligned; unmapped when the last tensor on it goes
+    # private (a shared mapping's pages are shared memory, which a fork would share too),
+    # page-aligned, unmapped when the last tensor on it goes
+    pages = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(mmap, "MADV_NOHUGEPAGE"):
         pages.madvise(mmap.MADV_NOHUGEPAGE)
     return torch.frombuffer(pages, dtype=dtype).view(shape)
