@@ -160,10 +160,13 @@ class SlotMonitor(Vertical):
         )
         # Fixed-size labels: updated without a layout pass of the whole screen.
         kv = f"{stats.blocks_used}/{stats.blocks_total} blocks of {stats.block_size} tokens"
-        if stats.kv_block_bytes:  # the pool's pages are resident once a block is used
-            kv += f" · {stats.blocks_touched * stats.kv_block_bytes / 2**20:,.0f} MiB resident"
-        basis = f"KV pool: {stats.pool_basis}" if stats.pool_basis else ""
-        if self.border_subtitle != basis:  # why the pool is that size, on the bottom border
+        # On the bottom border: why the pool is that size, and how much of it is resident
+        # (its pages are, once a block has been used)
+        about = [stats.pool_basis] if stats.pool_basis else []
+        if stats.kv_block_bytes:
+            about.append(f"{stats.blocks_touched * stats.kv_block_bytes / 2**20:,.0f} MiB resident")
+        basis = "KV pool: " + " · ".join(about) if about else ""
+        if self.border_subtitle != basis:
             self.border_subtitle = basis
         self.query_one("#kv-text", Label).update(kv, layout=False)
         self._rates.append(stats.tokens_per_s)
