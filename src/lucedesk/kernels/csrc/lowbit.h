@@ -121,9 +121,10 @@ inline __attribute__((always_inline)) float offset_at(const c10::Float8_e8m0fnu*
 struct SymmetricHalf {
   c10::Half d;
 };
-inline __attribute__((always_inline)) float scale_at(const SymmetricHalf* s, int64_t, int64_t c,
-                                                     int64_t ch) {
-  return static_cast<float>(s[c * 16 + ch].d);
+static_assert(sizeof(SymmetricHalf) == sizeof(c10::Half), "d's side by side, as float16 scales");
+inline __attribute__((always_inline)) float scale_at(const SymmetricHalf* s, int64_t chunks,
+                                                     int64_t c, int64_t ch) {
+  return scale_at(&s->d, chunks, c, ch);  // d's are laid out as float16 scales are
 }
 template <int Bits>
 inline __attribute__((always_inline)) float offset_at(const SymmetricHalf*, int64_t, int64_t,
@@ -202,8 +203,8 @@ inline __m512 load16(const c10::Float8_e8m0fnu* s, int64_t, int64_t c) {
   return _mm512_scalef_ps(_mm512_set1_ps(1.f),
                           _mm512_cvtepi32_ps(_mm512_sub_epi32(e, _mm512_set1_epi32(128))));
 }
-inline __m512 load16(const SymmetricHalf* s, int64_t, int64_t c) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + c * 16)));
+inline __m512 load16(const SymmetricHalf* s, int64_t chunks, int64_t c) {
+  return load16(&s->d, chunks, c);
 }
 inline __m512 load16(const uint8_t* s, int64_t chunks, int64_t c) {
   const __m512 factors = _mm512_cvtepi32_ps(
