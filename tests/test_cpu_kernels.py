@@ -291,9 +291,13 @@ def test_int8_caches_need_their_scales():
         paged_attention_cpu(q, kq, vq, meta, 0.1, k_scale=ks.double(), v_scale=vs)
 
 
+@pytest.mark.parametrize("float32_weight", [False, True])
 @pytest.mark.parametrize("rows,hidden,dtype", LAYER_CASES)
-def test_add_rms_norm_matches_reference(rows, hidden, dtype):
+def test_add_rms_norm_matches_reference(rows, hidden, dtype, float32_weight):
+    """A float32 weight (Gemma 3's and gpt-oss's norms) multiplies before the one rounding."""
     x, residual, weight = layer_inputs(rows, hidden, dtype, seed=rows)
+    if float32_weight:
+        weight = (1 + 0.2 * torch.randn(hidden, generator=torch.Generator().manual_seed(1))).float()
     for res in (residual, None):
         normed, new_residual = add_rms_norm_cpu(x, res, weight, 1e-5)
         want_normed, want_residual = add_rms_norm_torch(x, res, weight, 1e-5)

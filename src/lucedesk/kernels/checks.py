@@ -12,10 +12,14 @@ def require(cond: bool, message: str) -> None:
 
 
 def check_norm_args(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor) -> None:
-    """x, residual: contiguous [T, H]; weight: contiguous [H]; one dtype."""
+    """x, residual: contiguous [T, H], one dtype; weight: contiguous [H], x's dtype or
+    float32 (which multiplies before the one rounding)."""
     require(x.dim() == 2 and x.is_contiguous(), f"x must be contiguous [T, H], got {x.shape}")
     require(weight.shape == (x.shape[1],), "weight must be [H]")
-    require(weight.dtype == x.dtype and weight.is_contiguous(), "weight: x's dtype, contiguous")
+    require(
+        weight.dtype in (x.dtype, torch.float32) and weight.is_contiguous(),
+        "weight: x's dtype or float32, contiguous",
+    )
     if residual is not None:
         require(residual.shape == x.shape, "residual must have x's shape")
         require(residual.dtype == x.dtype and residual.is_contiguous(), "residual: x's dtype")

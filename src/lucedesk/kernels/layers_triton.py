@@ -24,7 +24,7 @@ def _add_rms_norm_kernel(
     H,
     eps,
     HAS_RESIDUAL: tl.constexpr,
-    IS_FP32: tl.constexpr,
+    WEIGHT_FP32: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -40,7 +40,7 @@ def _add_rms_norm_kernel(
         v = s.to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / H + eps)
     w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    if IS_FP32:
+    if WEIGHT_FP32:  # one rounding, at the end (float32 activations round nothing before)
         y = v * inv * w
     else:
         y = (v * inv).to(dtype).to(tl.float32) * w
@@ -101,7 +101,7 @@ def add_rms_norm_triton(
             H,
             eps,
             HAS_RESIDUAL=residual is not None,
-            IS_FP32=x.dtype == torch.float32,
+            WEIGHT_FP32=weight.dtype == torch.float32,
             BLOCK=triton.next_power_of_2(H),
         )
     return out, res_out

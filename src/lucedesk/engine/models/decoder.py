@@ -322,7 +322,7 @@ class DecoderLayer(nn.Module):
         if self.fused_input is not None:
             o, residual = self._fused_attention(x, residual, cos, sin, attention)
         else:
-            h, residual = add_rms_norm(kernels, x, residual, self.attn_norm, eps)
+            h, residual = kernels.add_rms_norm(x, residual, self.attn_norm, eps)
             qkv = self.project("qkv_proj", h, self.qkv_bias)  # [T, q + 2kv]
             T = qkv.shape[0]
             q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
@@ -336,7 +336,7 @@ class DecoderLayer(nn.Module):
             o = attention(self.index, q, k, v, self.window, self.sinks)  # [T, nh, hd]
         x = self.project("o_proj", o.reshape(o.shape[0], c.q_size), self.o_bias)
         if c.sandwich_norms:
-            x = rms_norm(x, self.attn_out_norm, eps)
+            x, _ = kernels.add_rms_norm(x, None, self.attn_out_norm, eps)
 
         if self.fused_mlp is not None:
             x, residual = self.fused_mlp.gated_mlp(
@@ -344,10 +344,10 @@ class DecoderLayer(nn.Module):
                 self.quantized["gate_up_proj"], self.quantized["down_proj"],
             )  # fmt: skip
         else:
-            h, residual = add_rms_norm(kernels, x, residual, self.ffn_norm, eps)
+            h, residual = kernels.add_rms_norm(x, residual, self.ffn_norm, eps)
             x = self.moe(h, kernels) if self.moe is not None else self.mlp(h, self.project)
         if c.sandwich_norms:
-            x = rms_norm(x, self.ffn_out_norm, eps)
+            x, _ = kernels.add_rms_norm(x, None, self.ffn_out_norm, eps)
         return x, residual
 
     def _fused_attention(
@@ -374,18 +374,3 @@ class DecoderLayer(nn.Module):
 
 def norm_dtype(c: ModelConfig, dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if c.float32_norms else dtype
-
-
-def add_rms_norm(
-    kernels: Kernels,
-    x: torch.Tensor,
-    residual: torch.Tensor | None,
-    weight: torch.Tensor,
-    eps: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernels' fused residual add + RMSNorm; a float32 weight on lower-precision
-    activations (float32_norms) goes through torch, which multiplies before rounding."""
-    if weight.dtype == x.dtype:
-        return kernels.add_rms_norm(x, residual, weight, eps)
-    residual = x if residual is None else x + residual
-    return rms_norm(residual, weight, eps), residual

@@ -5,11 +5,12 @@
 
 namespace {
 
-template <typename T>
+template <typename T, typename W>
 void add_rms_norm_impl(T* normed, T* residual_out, const T* x, const T* residual,
-                       const T* weight, int64_t rows, int64_t H, double eps) {
+                       const W* weight, int64_t rows, int64_t H, double eps) {
   // Rows of H contiguous values. With a residual, residual_out = x + residual (in T) and
   // the norm reads that sum; without one, the norm reads x and residual_out is unused.
+  // The weight W is T or float32 (Gemma 3's and gpt-oss's norms on bfloat16 activations).
   const float feps = static_cast<float>(eps);
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     std::vector<float> h(H), r(H);
@@ -27,10 +28,11 @@ void add_rms_norm_impl(T* normed, T* residual_out, const T* x, const T* residual
       for (int64_t e = 0; e < H; ++e) ss += h[e] * h[e];
       const float inv = 1.f / std::sqrt(ss / static_cast<float>(H) + feps);
       widen(r.data(), weight, H);
-      // fp32: (x * inv) * w; narrower dtypes: w * T(x * inv), as the reference rounds.
+      // A float32 weight: T((x * inv) * w), one rounding; one in T: w * T(x * inv), as the
+      // reference rounds (round_to<float> rounds nothing).
 #pragma omp simd
       for (int64_t e = 0; e < H; ++e)
-        normed[t * H + e] = narrow<T>(round_to<T>(h[e] * inv) * r[e]);
+        normed[t * H + e] = narrow<T>(round_to<W>(h[e] * inv) * r[e]);
     }
   });
 }
@@ -40,13 +42,18 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x,
                                                  const at::Tensor& weight, double eps) {
   at::Tensor normed = at::empty_like(x);
   at::Tensor residual_out = residual.has_value() ? at::empty_like(x) : x;
+  TORCH_CHECK(weight.scalar_type() == x.scalar_type() || weight.scalar_type() == at::kFloat,
+              "add_rms_norm: the weight must be x's dtype or float32");
   dispatch(x.scalar_type(), [&](auto zero) {
     using scalar_t = decltype(zero);
-    add_rms_norm_impl<scalar_t>(
-        normed.data_ptr<scalar_t>(),
-        residual.has_value() ? residual_out.data_ptr<scalar_t>() : nullptr,
-        x.data_ptr<scalar_t>(), residual.has_value() ? residual->data_ptr<scalar_t>() : nullptr,
-        weight.data_ptr<scalar_t>(), x.size(0), x.size(1), eps);
+    scalar_t* res_out = residual.has_value() ? residual_out.data_ptr<scalar_t>() : nullptr;
+    const scalar_t* res = residual.has_value() ? residual->data_ptr<scalar_t>() : nullptr;
+    if (weight.scalar_type() == at::kFloat)
+      add_rms_norm_impl(normed.data_ptr<scalar_t>(), res_out, x.data_ptr<scalar_t>(), res,
+                        weight.data_ptr<float>(), x.size(0), x.size(1), eps);
+    else
+      add_rms_norm_impl(normed.data_ptr<scalar_t>(), res_out, x.data_ptr<scalar_t>(), res,
+                        weight.data_ptr<scalar_t>(), x.size(0), x.size(1), eps);
   });
   return {normed, residual_out};
 }

@@ -20,16 +20,6 @@
 
 namespace {
 
-// x (+ residual) -> (norm(x + residual), x + residual): the add_rms_norm kernel for a norm
-// in the activations' dtype; a float32 norm (Gemma 3's) as the model's Python computes it,
-// in ATen: the sum in bf16, the statistics and the product in float32, one rounding.
-std::tuple<at::Tensor, at::Tensor> norm_input(const at::Tensor& x,
-                                              const std::optional<at::Tensor>& residual,
-                                              const at::Tensor& norm, double eps) {
-  if (norm.scalar_type() == x.scalar_type()) return add_rms_norm(x, residual, norm, eps);
-  at::Tensor sum = residual.has_value() ? at::add(x, *residual) : x;
-  return {rms_norm_as_torch(sum, norm, eps), sum};
-}
 
 struct StackLayer {
   at::Tensor attn_norm, ffn_norm;
@@ -155,7 +145,7 @@ struct LayerStack : torch::CustomClassHolder {
                   "layer stack: layer ", i, ": an int8 cache takes k and v scales, others none");
       std::optional<at::Tensor> k_cache, v_cache, slots;
       if (!quantized) k_cache = k_caches[i], v_cache = v_caches[i], slots = slot_mapping;
-      auto [h, res] = norm_input(x, residual, layer.attn_norm, eps);
+      auto [h, res] = add_rms_norm(x, residual, layer.attn_norm, eps);
       auto [q, k, v] = attention_qkv(
           h, layer.qkv, vector, layer.qkv_bias, layer.q_norm, layer.k_norm, eps, num_heads,
           num_kv_heads, layer.local ? local_cos : cos, layer.local ? local_sin : sin, k_cache,
@@ -178,11 +168,13 @@ struct LayerStack : torch::CustomClassHolder {
       }
       at::Tensor y = layer.o.times(o.reshape({T, -1}), vector);
       if (layer.o_bias.has_value()) y = at::add(y, *layer.o_bias);
-      if (layer.attn_out_norm.has_value()) y = rms_norm_as_torch(y, *layer.attn_out_norm, eps);
-      auto [h2, res2] = norm_input(y, res, layer.ffn_norm, eps);
+      if (layer.attn_out_norm.has_value())
+        y = std::get<0>(add_rms_norm(y, {}, *layer.attn_out_norm, eps));
+      auto [h2, res2] = add_rms_norm(y, res, layer.ffn_norm, eps);
       x = layer.moe ? moe_output(h2, *layer.moe, vector)
                     : mlp_output(h2, *layer.gate_up, *layer.down, vector, gate);
-      if (layer.ffn_out_norm.has_value()) x = rms_norm_as_torch(x, *layer.ffn_out_norm, eps);
+      if (layer.ffn_out_norm.has_value())
+        x = std::get<0>(add_rms_norm(x, {}, *layer.ffn_out_norm, eps));
       residual = res2;
     }
     return residual.has_value() ? at::add(x, *residual) : x;
