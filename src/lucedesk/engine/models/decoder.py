@@ -330,8 +330,8 @@ class DecoderLayer(nn.Module):
             k = k.view(T, c.num_kv_heads, c.head_dim)
             v = v.view(T, c.num_kv_heads, c.head_dim)
             if c.qk_norm:
-                q = rms_norm(q, self.q_norm, eps)
-                k = rms_norm(k, self.k_norm, eps)
+                q = norm_heads(kernels, q, self.q_norm, eps)
+                k = norm_heads(kernels, k, self.k_norm, eps)
             q, k = kernels.rotary(q, k, cos, sin)  # cos/sin: [T, hd]
             o = attention(self.index, q, k, v, self.window, self.sinks)  # [T, nh, hd]
         x = self.project("o_proj", o.reshape(o.shape[0], c.q_size), self.o_bias)
@@ -374,3 +374,10 @@ class DecoderLayer(nn.Module):
 
 def norm_dtype(c: ModelConfig, dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if c.float32_norms else dtype
+
+
+def norm_heads(kernels: Kernels, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [T, heads, hd] -> each head's row normed over head_dim (q and k norms), by the
+    kernels' norm (a copy where the rows are not dense: views into the fused qkv)."""
+    rows = x.contiguous().view(-1, x.shape[-1])
+    return kernels.add_rms_norm(rows, None, weight, eps)[0].view(x.shape)

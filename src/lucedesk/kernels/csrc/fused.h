@@ -58,12 +58,12 @@ void write_kv_rows(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache
   }
 }
 
-// layers_torch.rms_norm for bfloat16 activations, in the same ATen ops (q/k norms).
-at::Tensor rms_norm_as_torch(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  at::Tensor xf = x.to(at::kFloat);
-  xf = xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps);
-  if (weight.scalar_type() == at::kFloat) return (xf * weight).to(x.scalar_type());
-  return weight * xf.to(x.scalar_type());
+// Each head's row of q or k [T, heads, hd] normed over head_dim by the add_rms_norm
+// kernel, as the Python path's q and k norms (a copy first where the rows are not dense:
+// views into the fused qkv with T > 1).
+at::Tensor rms_norm_heads(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  at::Tensor rows = x.contiguous().view({-1, x.size(2)});
+  return std::get<0>(add_rms_norm(rows, {}, weight, eps)).view(x.sizes());
 }
 
 // A low-bit weight as lowbit_linear takes it.
@@ -106,8 +106,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_qkv(
   at::Tensor vh =
       qkv.narrow(1, (num_heads + num_kv_heads) * hd, num_kv_heads * hd).view({T, num_kv_heads, hd});
   if (q_norm.has_value()) {
-    qh = rms_norm_as_torch(qh, *q_norm, eps);
-    kh = rms_norm_as_torch(kh, *k_norm, eps);
+    qh = rms_norm_heads(qh, *q_norm, eps);
+    kh = rms_norm_heads(kh, *k_norm, eps);
   }
   rotary_(qh, kh, cos, sin);
   TORCH_CHECK(k_cache.has_value() == v_cache.has_value() &&

@@ -40,6 +40,13 @@ void add_rms_norm_impl(T* normed, T* residual_out, const T* x, const T* residual
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x,
                                                  const std::optional<at::Tensor>& residual,
                                                  const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && weight.dim() == 1 &&
+                  weight.size(0) == x.size(1) && weight.is_contiguous(),
+              "add_rms_norm: x must be contiguous [T, H], the weight [H]");
+  TORCH_CHECK(!residual.has_value() ||
+                  (residual->sizes() == x.sizes() && residual->is_contiguous() &&
+                   residual->scalar_type() == x.scalar_type()),
+              "add_rms_norm: the residual must be contiguous and as x");
   at::Tensor normed = at::empty_like(x);
   at::Tensor residual_out = residual.has_value() ? at::empty_like(x) : x;
   TORCH_CHECK(weight.scalar_type() == x.scalar_type() || weight.scalar_type() == at::kFloat,

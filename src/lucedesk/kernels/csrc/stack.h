@@ -20,7 +20,6 @@
 
 namespace {
 
-
 struct StackLayer {
   at::Tensor attn_norm, ffn_norm;
   LowBitArgs qkv, o;
