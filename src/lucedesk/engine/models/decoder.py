@@ -26,7 +26,6 @@ from lucedesk.engine.models.config import FULL, SLIDING, ModelConfig, rope_inv_f
 from lucedesk.engine.models.moe import DenseMLP, MoEBlock
 from lucedesk.kernels import Kernels, get_kernels
 from lucedesk.kernels.kv_storage import LayerKV
-from lucedesk.kernels.layers_torch import rms_norm
 from lucedesk.kernels.metadata import AttentionMetadata
 
 
@@ -233,7 +232,9 @@ class DecoderModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [rows, H] -> logits [rows, vocab] in float32."""
-        h = rms_norm(hidden, self.norm, self.config.rms_norm_eps)
+        h, _ = self.kernels.add_rms_norm(
+            hidden.contiguous(), None, self.norm, self.config.rms_norm_eps
+        )
         if self.lm_head_quantized is not None:
             return self.lm_head_quantized(h).float()
         return F.linear(h, self.lm_head).float()

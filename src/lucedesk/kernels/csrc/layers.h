@@ -41,16 +41,15 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x,
                                                  const std::optional<at::Tensor>& residual,
                                                  const at::Tensor& weight, double eps) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && weight.dim() == 1 &&
-                  weight.size(0) == x.size(1) && weight.is_contiguous(),
-              "add_rms_norm: x must be contiguous [T, H], the weight [H]");
+                  weight.size(0) == x.size(1) && weight.is_contiguous() &&
+                  (weight.scalar_type() == x.scalar_type() || weight.scalar_type() == at::kFloat),
+              "add_rms_norm: x must be contiguous [T, H], the weight [H] in x's dtype or float32");
   TORCH_CHECK(!residual.has_value() ||
                   (residual->sizes() == x.sizes() && residual->is_contiguous() &&
                    residual->scalar_type() == x.scalar_type()),
               "add_rms_norm: the residual must be contiguous and as x");
   at::Tensor normed = at::empty_like(x);
   at::Tensor residual_out = residual.has_value() ? at::empty_like(x) : x;
-  TORCH_CHECK(weight.scalar_type() == x.scalar_type() || weight.scalar_type() == at::kFloat,
-              "add_rms_norm: the weight must be x's dtype or float32");
   dispatch(x.scalar_type(), [&](auto zero) {
     using scalar_t = decltype(zero);
     scalar_t* res_out = residual.has_value() ? residual_out.data_ptr<scalar_t>() : nullptr;
