@@ -251,13 +251,16 @@ def test_a_summary_reads_a_split_models_every_part(tmp_path):
 def test_shutdown_waits_for_the_vocabulary_warm_up(stores, monkeypatch):
     """A process that exited while llguidance built its vocabulary on the warm-up thread
     could crash in native code (`lucedesk run` exited with SIGSEGV on short runs)."""
+    import threading
     import time
 
     from lucedesk.engine.grammar import GrammarCompiler
 
     built_vocabulary = GrammarCompiler.ll_tokenizer.fget
+    building = threading.Event()
 
     def slow(self):  # a large vocabulary's build, still under way at shutdown
+        building.set()
         time.sleep(1.0)
         return built_vocabulary(self)
 
@@ -265,6 +268,7 @@ def test_shutdown_waits_for_the_vocabulary_warm_up(stores, monkeypatch):
     _, config, _ = profile.resolve("cpu", ["kv_pool_tokens=256", "max_slots=2"])
     found = resolve("tiny", print)
     built = launch_engine(found.path, config, name=found.name)
+    assert building.wait(10)  # once the engine has been quiet a moment
     assert built.engine._warming.is_alive()
     built.engine.shutdown()
     assert not built.engine._warming.is_alive()

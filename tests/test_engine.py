@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import torch
@@ -166,6 +167,28 @@ def test_shutdown_finishes_every_open_request(loaded):
     assert not engine.running
     with pytest.raises(RequestError, match="shutting down"):
         engine.submit(prompt(loaded), GREEDY)
+
+
+def test_the_vocabulary_warm_up_waits_until_the_engine_is_quiet(loaded):
+    """llguidance's vocabulary build holds the interpreter lock throughout (~0.2 s for 49k
+    tokens): begun at ready, it held up the first request as long. It begins once the
+    engine has had no work for a while."""
+    engine = make_engine(loaded, max_slots=2, kv_pool_tokens=2048).start()
+    try:
+        long = SamplingParams(max_tokens=1000, ignore_eos=True)
+        handles = [engine.submit(prompt(loaded), long) for _ in range(4)]  # 2 at a time
+        wait_until(lambda: engine.stats().num_running == 2)
+        engine.warm_up(quiet=0.05)
+        time.sleep(0.3)
+        assert not handles[-1].finished and engine.quiet_for() == 0.0
+        assert engine.grammars._ll_tokenizer is None  # not while requests run
+        for handle in handles:
+            handle.cancel()
+            handle.result(timeout=10)
+        wait_until(lambda: engine.grammars._ll_tokenizer is not None, timeout=10)
+        assert engine.quiet_for() >= 0.05
+    finally:
+        engine.shutdown()
 
 
 def test_drain_lets_running_requests_finish(loaded):

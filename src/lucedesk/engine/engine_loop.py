@@ -48,6 +48,7 @@ class EngineLoop:
         self._collector = StatsCollector()
         self._stats = EngineStats(model=model_name)
         self._thread: threading.Thread | None = None
+        self._last_active = time.monotonic()  # a submission or a step, the latest
         self._stopping = False
         self._drain = False
         self._drain_timeout = 30.0
@@ -81,8 +82,16 @@ class EngineLoop:
     def enqueue(self, req: Request, handle: RequestHandle) -> None:
         """Hand a checked request to the engine thread, which streams into `handle`."""
         self._num_pending += 1
+        self._last_active = time.monotonic()
         self._inbox.append(("add", (req, handle)))
         self._wake.set()
+
+    def quiet_for(self) -> float:
+        """Seconds since the engine last had work; 0 while it has some (submitted, waiting,
+        running, or its prefix read from disk). For chores that must not hold up requests."""
+        if self._num_pending or self._has_work():
+            return 0.0
+        return time.monotonic() - self._last_active
 
     def cancel(self, request_id: str) -> None:
         self._inbox.append(("cancel", request_id))
@@ -145,7 +154,7 @@ class EngineLoop:
     def step(self) -> None:
         """One scheduling step: take submissions and cancels, plan, execute, record, stream.
         The engine thread calls it in a loop; tests may call it directly instead."""
-        started = time.monotonic()
+        started = self._last_active = time.monotonic()
         self._take_inbox()
         plan = self.scheduler.plan()
         if plan.finished_ids:  # even when nothing runs next: no state outlives its request
