@@ -72,12 +72,13 @@ ROTARY_CASES = [
 ]
 
 
-def layer_inputs(rows, hidden, dtype, seed=0, device="cpu"):
-    """x, residual, weight as a decoder layer sees them (activations of varied scale)."""
+def layer_inputs(rows, hidden, dtype, seed=0, device="cpu", weight_dtype=None):
+    """x, residual, weight as a decoder layer sees them (activations of varied scale); the
+    weight in x's dtype, or in `weight_dtype` (float32: Gemma 3's and gpt-oss's norms)."""
     g = torch.Generator().manual_seed(seed)
     x = (torch.randn(rows, hidden, generator=g) * 3).to(dtype).to(device)
     residual = torch.randn(rows, hidden, generator=g).to(dtype).to(device)
-    weight = (1 + 0.2 * torch.randn(hidden, generator=g)).to(dtype).to(device)
+    weight = (1 + 0.2 * torch.randn(hidden, generator=g)).to(weight_dtype or dtype).to(device)
     return x, residual, weight
 
 

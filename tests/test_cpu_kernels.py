@@ -295,9 +295,8 @@ def test_int8_caches_need_their_scales():
 @pytest.mark.parametrize("rows,hidden,dtype", LAYER_CASES)
 def test_add_rms_norm_matches_reference(rows, hidden, dtype, float32_weight):
     """A float32 weight (Gemma 3's and gpt-oss's norms) multiplies before the one rounding."""
-    x, residual, weight = layer_inputs(rows, hidden, dtype, seed=rows)
-    if float32_weight:
-        weight = (1 + 0.2 * torch.randn(hidden, generator=torch.Generator().manual_seed(1))).float()
+    weight_dtype = torch.float32 if float32_weight else None
+    x, residual, weight = layer_inputs(rows, hidden, dtype, seed=rows, weight_dtype=weight_dtype)
     for res in (residual, None):
         normed, new_residual = add_rms_norm_cpu(x, res, weight, 1e-5)
         want_normed, want_residual = add_rms_norm_torch(x, res, weight, 1e-5)

@@ -148,10 +148,8 @@ def test_wrappers_reject_bad_inputs():
 @pytest.mark.parametrize("float32_weight", [False, True])
 @pytest.mark.parametrize("rows,hidden,dtype", LAYER_CASES)
 def test_add_rms_norm_matches_reference(rows, hidden, dtype, float32_weight):
-    x, residual, weight = layer_inputs(rows, hidden, dtype, seed=rows, device=DEVICE)
-    if float32_weight:  # Gemma 3's and gpt-oss's norms: multiplied before the one rounding
-        weight = (1 + 0.2 * torch.randn(hidden, generator=torch.Generator().manual_seed(1))).float()
-        weight = weight.to(DEVICE)
+    weight_dtype = torch.float32 if float32_weight else None  # multiplied, then rounded
+    x, residual, weight = layer_inputs(rows, hidden, dtype, rows, DEVICE, weight_dtype)
     for res in (residual, None):  # the first layer has no residual yet
         normed, new_residual = add_rms_norm_triton(x, res, weight, 1e-5)
         want_normed, want_residual = add_rms_norm_torch(x, res, weight, 1e-5)
