@@ -333,6 +333,14 @@ def pytest_sessionfinish(session, exitstatus):
     """The whole run must leave the user's own lucedesk folders as they were."""
     after = snapshot_real_dirs()
     if after != REAL_BEFORE:
-        changed = sorted(set(after.items()) ^ set(REAL_BEFORE.items()))[:5]
-        print(f"\nthe test run changed the user's files: {changed}", file=sys.stderr)
+        changed = sorted({path for path, _ in set(after.items()) ^ set(REAL_BEFORE.items())})
+        # In the run's summary, where a reader looks for why it failed (anything else on this
+        # machine writing into those folders meanwhile trips it too).
+        report = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = f"the test run changed the user's files: {changed[:5]}"
+        if report is not None:
+            report.write_line("")
+            report.write_sep("!", message, red=True)
+        else:
+            print(f"\n{message}", file=sys.stderr)
         session.exitstatus = 1
