@@ -213,12 +213,19 @@ def test_queue_limit(loaded):
 
 def test_weight_formats_follow_the_model_and_kernels(tiny_llama):
     """`auto` takes int8 weights only where the C++ kernels run a bf16 model fast (AMX tiles
-    or AVX512-VNNI); asking for int8 elsewhere, or for another format once quantized, is a
-    clear configuration error."""
+    or AVX512-VNNI), on the VNNI kernels wherever they run (AMX tiles widen every weight
+    each call, which one decode row pays alone); int8 named takes the tiles where there are
+    some. Asking for int8 elsewhere, or for another format once quantized, is a clear
+    configuration error."""
     from lucedesk.config import EngineConfig
     from lucedesk.engine.build import apply_weight_format
     from lucedesk.errors import ConfigError
-    from lucedesk.kernels.quantized import int8_tiles_available, lowbit_vector_available
+    from lucedesk.kernels.quantized import (
+        Int8Weight,
+        LowBitWeight,
+        int8_tiles_available,
+        lowbit_vector_available,
+    )
 
     with pytest.raises(ConfigError, match="weights must be one of auto, dtype, int8, q4"):
         EngineConfig(weights="int4").validate()
@@ -233,9 +240,16 @@ def test_weight_formats_follow_the_model_and_kernels(tiny_llama):
     assert apply_weight_format(other.model, "auto", "cpu") == (
         "int8" if int8_tiles_available() or lowbit_vector_available() else "dtype"
     )
+    held = other.model.layers[0].quantized.get("qkv_proj")
+    if lowbit_vector_available():
+        assert isinstance(held, LowBitWeight) and held.bits == 8
+    elif int8_tiles_available():
+        assert isinstance(held, Int8Weight)
     engine = make_engine(bf16, weights="int8", max_slots=2, kv_pool_tokens=1024).start()
     try:
         assert bf16.model.weight_format == "int8"
+        named = bf16.model.layers[0].quantized["qkv_proj"]
+        assert isinstance(named, Int8Weight if int8_tiles_available() else LowBitWeight)
         assert bf16.model.layers[0].qkv_proj.numel() == 0  # the bf16 copy is released
         out = engine.submit([5, 6, 7, 8], GREEDY).result(timeout=60)
         assert len(out.token_ids) == GREEDY.max_tokens

@@ -111,17 +111,17 @@ def test_greedy_continuations_match_transformers(ours, reference):
 
 
 def test_q4_holds_the_files_blocks_as_they_are(gemma_model, ours):
-    """`q4` (what `auto` takes where the VNNI kernels run without AMX): the Q5_0 and Q8_0
+    """`q4` (what `auto` takes where the VNNI kernels run): the Q5_0 and Q8_0
     projections and the Q8_0 LM head as 8-bit levels with the file's float16 scales, the
     Q4_K ones at 4 bits, the Q6_K down projections at 6 bits; its next-token predictions
     over a text stay the float32 model's."""
     from lucedesk.engine.build import apply_weight_format
     from lucedesk.engine.models.causal_attention import CausalAttention
-    from lucedesk.kernels.quantized import int8_tiles_available, lowbit_vector_available
+    from lucedesk.kernels.quantized import lowbit_vector_available
 
     held = load_model(gemma_model, torch.bfloat16)
     model = held.model
-    wanted = "auto" if lowbit_vector_available() and not int8_tiles_available() else "q4"
+    wanted = "auto" if lowbit_vector_available() else "q4"
     assert apply_weight_format(model, wanted, "cpu") == "q4"
     for i, layer in enumerate(model.layers):
         for proj, weight in layer.quantized.items():

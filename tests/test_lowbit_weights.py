@@ -368,7 +368,7 @@ def test_five_and_eight_bit_blocks_are_held_as_the_files_levels(tmp_path, caplog
     at 4 bits where every part is 4-bit, else at 8 bits with the file's float16 scales;
     with int8 all at 8 bits. The Q6_K down projection is held at 6 bits with q4, and with
     int8 taken from its values.
-    `auto` takes q4 for a file whose MLP is 5-bit where there are no AMX tiles."""
+    `auto` takes q4 for a file whose MLP is 5-bit where the VNNI kernels run."""
     path = write_gguf(tmp_path / "mixed.gguf", MIXED)
     loaded = load_model(path, torch.bfloat16)
     model = loaded.model
@@ -402,8 +402,7 @@ def test_five_and_eight_bit_blocks_are_held_as_the_files_levels(tmp_path, caplog
         assert "as the file's levels (Q5_0+Q4_0)" in caplog.text
     got = logits(loaded, ids)
     assert (got - plain).abs().max() <= 0.05 * plain.abs().max()
-    # (where AMX tiles run int8, a 5-bit file stays there)
-    expected = "int8" if int8_tiles_available() else "q4" if lowbit_vector_available() else "dtype"
+    expected = "q4" if lowbit_vector_available() else "int8" if int8_tiles_available() else "dtype"
     assert apply_weight_format(load_model(path, torch.bfloat16).model, "auto", "cpu") == expected
 
 

@@ -26,7 +26,7 @@ from lucedesk.engine.models.expert_weights import (
     materialize_dense,
     quantize_experts,
 )
-from lucedesk.engine.models.gguf_blocks import FOUR_BIT_TYPES, LOW_BIT_TYPES
+from lucedesk.engine.models.gguf_blocks import LOW_BIT_TYPES
 from lucedesk.engine.models.loader import LoadedModel, load_model
 from lucedesk.engine.runner import TorchSeqEngine
 from lucedesk.engine.scheduler import Scheduler
@@ -264,11 +264,14 @@ def apply_weight_format(model: DecoderModel, wanted: str, kernels: str) -> str:
       float, or Q6_K fused with another type) at 8 bits from its values, 1.25 bytes
       (`_maker` logs which were held how);
     - int8: an affine scale per 32 inputs, 1.125 to 1.25 bytes a weight (the file's levels
-      where its blocks are grids, as for q4 but all at 8 bits).
-    `auto` takes q4 where the VNNI kernels run for a file in Q4_0, Q4_1 or Q4_K, and for
-    one in Q5_0 or Q5_1 where there are no AMX tiles; else int8 where AMX tiles or VNNI run
-    it fast, else the model dtype. A mixture's experts take the same format
-    (expert_weights.py: the file's own 4-bit, MXFP4 or 8-bit levels where it has them)."""
+      where its blocks are grids, as for q4 but all at 8 bits). Asked for by name, on AMX
+      tiles where the CPU has them: each call widens every weight to bfloat16, which a
+      long prompt's rows share (a 2,048-token prompt ~15% faster) and one decode row pays
+      alone (a step twice as long), so `auto`'s int8 takes the VNNI kernels where they run.
+    `auto` takes q4 where the VNNI kernels run for a file in Q4_0, Q4_1, Q4_K, Q5_0 or
+    Q5_1; else int8 where VNNI or AMX tiles run it fast, else the model dtype. A mixture's
+    experts take the same format (expert_weights.py: the file's own 4-bit, MXFP4 or 8-bit
+    levels where it has them)."""
     from lucedesk.kernels.quantized import (
         LowBitWeight,
         int8_tiles_available,
@@ -277,13 +280,13 @@ def apply_weight_format(model: DecoderModel, wanted: str, kernels: str) -> str:
 
     usable = kernels == "cpu" and model.dtype == torch.bfloat16
     weights = model.projection_weights()
+    # AMX tiles for int8 asked for by name, or where the VNNI kernels do not run.
+    tiles = int8_tiles_available() and (wanted == "int8" or not lowbit_vector_available())
     if wanted == "auto" and model.weight_format != "dtype":
         wanted = model.weight_format  # already chosen (an engine rebuilt on the same weights)
     if wanted == "auto":
         whole = all(LowBitWeight.fits(tuple(w.shape)) for w in weights) and experts_fit(model)
-        # A 5-bit file saves few bytes at 8 bits: where AMX tiles run int8, it stays there.
-        five_bit = not int8_tiles_available()
-        if usable and whole and lowbit_vector_available() and _low_bit_file(model, five_bit):
+        if usable and whole and lowbit_vector_available() and _low_bit_file(model):
             wanted = "q4"
         elif usable and whole and (int8_tiles_available() or lowbit_vector_available()):
             wanted = "int8"
@@ -309,14 +312,14 @@ def apply_weight_format(model: DecoderModel, wanted: str, kernels: str) -> str:
             f"weights {wanted!r} need matmul inputs in multiples of {LowBitWeight.GROUP} "
             f"(this model has {odd[0]})"
         )
-    if wanted == "q4" and not _low_bit_file(model, five_bit=True):
+    if wanted == "q4" and not _low_bit_file(model):
         raise ConfigError(
             "weights 'q4' need a GGUF file whose projections are in a 4- or 5-bit type "
             f"({', '.join(LOW_BIT_TYPES)}; a mixture's experts also MXFP4); "
             f"this model's are {_first_type(model) or 'not from a GGUF file'}"
         )
     started = time.perf_counter()
-    model.quantize(wanted, _maker(model, wanted))
+    model.quantize(wanted, _maker(model, wanted, tiles))
     quantize_experts(model, wanted)
     log.info("weights held as %s in %.1f s", wanted, time.perf_counter() - started)
     return wanted
@@ -330,34 +333,29 @@ def _first_type(model: DecoderModel) -> str | None:
     return None if source is None else source(0, "gate_up_proj").type_name
 
 
-def _low_bit_file(model: DecoderModel, five_bit: bool) -> bool:
-    """Whether the file holds the first layer's MLP weights in a 4-bit type (or a 5-bit one:
-    LOW_BIT_TYPES), or in MXFP4 for a mixture's experts."""
-    types = LOW_BIT_TYPES if five_bit else FOUR_BIT_TYPES
+def _low_bit_file(model: DecoderModel) -> bool:
+    """Whether the file holds the first layer's MLP weights in a 4- or 5-bit type
+    (LOW_BIT_TYPES), or in MXFP4 for a mixture's experts."""
     if model.layers[0].moe is not None:
-        return _first_type(model) in (*types, "MXFP4")
+        return _first_type(model) in (*LOW_BIT_TYPES, "MXFP4")
     source = model.block_source
-    return source is not None and all(t in types for t in source(0, "gate_up_proj").types)
+    return source is not None and all(t in LOW_BIT_TYPES for t in source(0, "gate_up_proj").types)
 
 
 def _maker(
-    model: DecoderModel, wanted: str
+    model: DecoderModel, wanted: str, tiles: bool
 ) -> Callable[[int | None, str, torch.Tensor], Projection]:
     """Each weight as the file's levels where its blocks are grids (FileBlocks.bits): for
     q4 at 4 bits where every part is in a 4-bit type, at 6 where every part is Q6_K, else
     (and for int8) at 8 bits, the scales float16 where the file's are (int8 takes a Q6_K
-    weight from its values); any other weight at 8 bits from its values. int8
-    takes AMX tiles where the CPU has them, from the values. One notice (the LM head comes
-    last) says how many weights were held which way, by type."""
-    from lucedesk.kernels.quantized import (
-        Int8Weight,
-        LowBitWeight,
-        int8_tiles_available,
-        lowbit_vector_available,
-    )
+    weight from its values); any other weight at 8 bits from its values. int8 on AMX
+    `tiles` (apply_weight_format says when), or where the VNNI kernels do not run, takes
+    every weight from its values. One notice (the LM head comes last) says how many weights
+    were held which way, by type."""
+    from lucedesk.kernels.quantized import Int8Weight, LowBitWeight, lowbit_vector_available
 
     source = model.block_source
-    low_bit = wanted == "q4" or (not int8_tiles_available() and lowbit_vector_available())
+    low_bit = wanted == "q4" or (not tiles and lowbit_vector_available())
     held: dict[tuple[str, str], int] = {}
 
     def make(layer: int | None, proj: str, w: torch.Tensor) -> Projection:
