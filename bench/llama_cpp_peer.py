@@ -274,6 +274,27 @@ TTFT and TPOT); failed and short (fewer or more output tokens than asked) are su
 runs, lucedesk / llama.cpp."""
 
 
+def machine() -> str:
+    """The CPU a run measured on ("2 CPUs, Intel(R) Xeon(R) Processor (AVX512-VNNI, AMX)"):
+    one machine's numbers are not another's, and more than one kind runs this bench."""
+    name, flags = "", set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and not name:
+                name = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    paths = [label for flag, label in CPU_PATHS if flag in flags]
+    return f"{os.cpu_count()} CPUs, {name or 'model unknown'}" + (
+        f" ({', '.join(paths)})" if paths else ""
+    )
+
+
+# The CPU features that choose the kernels' paths (cpu_build.py, held weights).
+CPU_PATHS = (("avx512_vnni", "AVX512-VNNI"), ("avx512_bf16", "AVX512-BF16"), ("amx_tile", "AMX"))
+
+
 def docs_section(
     report: str, command: str, llama: dict, server_cmd: list[str], heading: str = SECTION
 ) -> str:
@@ -299,7 +320,7 @@ def docs_section(
         )
     return (
         f"{heading}\n\n{ABOUT}\n\n```sh\n{command}\n```\n\n{build} "
-        f"Measured {time.strftime('%Y-%m-%d')}.\n\n{report}\n"
+        f"Measured {time.strftime('%Y-%m-%d')} on {machine()}.\n\n{report}\n"
     )
 
 
