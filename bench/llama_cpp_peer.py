@@ -274,6 +274,10 @@ TTFT and TPOT); failed and short (fewer or more output tokens than asked) are su
 runs, lucedesk / llama.cpp."""
 
 
+# The CPU features that choose the kernels' paths (cpu_build.py, held weights).
+CPU_PATHS = (("avx512_vnni", "AVX512-VNNI"), ("avx512_bf16", "AVX512-BF16"), ("amx_tile", "AMX"))
+
+
 def machine() -> str:
     """The CPU a run measured on ("2 CPUs, Intel(R) Xeon(R) Processor (AVX512-VNNI, AMX)"):
     one machine's numbers are not another's, and more than one kind runs this bench."""
@@ -289,10 +293,6 @@ def machine() -> str:
     return f"{os.cpu_count()} CPUs, {name or 'model unknown'}" + (
         f" ({', '.join(paths)})" if paths else ""
     )
-
-
-# The CPU features that choose the kernels' paths (cpu_build.py, held weights).
-CPU_PATHS = (("avx512_vnni", "AVX512-VNNI"), ("avx512_bf16", "AVX512-BF16"), ("amx_tile", "AMX"))
 
 
 def docs_section(
