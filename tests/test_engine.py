@@ -214,9 +214,8 @@ def test_queue_limit(loaded):
 def test_weight_formats_follow_the_model_and_kernels(tiny_llama):
     """`auto` takes int8 weights only where the C++ kernels run a bf16 model fast (AMX tiles
     or AVX512-VNNI), on the VNNI kernels wherever they run (AMX tiles widen every weight
-    each call, which one decode row pays alone); int8 named takes the tiles where there are
-    some. Asking for int8 elsewhere, or for another format once quantized, is a clear
-    configuration error."""
+    each call, which one decode row pays alone), named or not. Asking for int8 elsewhere,
+    or for another format once quantized, is a clear configuration error."""
     from lucedesk.config import EngineConfig
     from lucedesk.engine.build import apply_weight_format
     from lucedesk.errors import ConfigError
@@ -249,8 +248,7 @@ def test_weight_formats_follow_the_model_and_kernels(tiny_llama):
     try:
         assert bf16.model.weight_format == "int8"
         named = bf16.model.layers[0].quantized["qkv_proj"]
-        plain = int8_tiles_available() or not lowbit_vector_available()  # tiles or rows
-        assert isinstance(named, Int8Weight if plain else LowBitWeight)
+        assert isinstance(named, LowBitWeight if lowbit_vector_available() else Int8Weight)
         assert bf16.model.layers[0].qkv_proj.numel() == 0  # the bf16 copy is released
         out = engine.submit([5, 6, 7, 8], GREEDY).result(timeout=60)
         assert len(out.token_ids) == GREEDY.max_tokens

@@ -38,11 +38,10 @@ class EngineConfig:
     dtype: str = "auto"  # auto = bfloat16 where the device computes it fast, else float32
     kernels: str = "auto"  # auto = triton on a GPU, the C++ cpu kernels (or torch) on a CPU
     # dtype = matmul weights in the model dtype; int8 = weight-only int8 (cpu kernels, bf16;
-    # named here, on AMX tiles where the CPU has them: long prompts faster, decode slower);
+    # on the VNNI kernels where they run, else on AMX tiles where the CPU has them);
     # q4 = a GGUF file's blocks as they are: 4-bit ones at 4 bits, Q5_0/Q5_1/Q8_0 at 8 bits
-    # (cpu kernels, bf16); auto = q4 for a Q4_0/Q4_1/Q4_K/Q5_0/Q5_1 file, else int8 (on the
-    # VNNI kernels where they run), where the cpu kernels run them fast on a bf16 model, else
-    # dtype.
+    # (cpu kernels, bf16); auto = q4 for a Q4_0/Q4_1/Q4_K/Q5_0/Q5_1 file, else int8, where
+    # the cpu kernels run them fast on a bf16 model, else dtype.
     weights: str = "dtype"
     # K/V cache storage: dtype = the model dtype; int8 = 8-bit values with a float32 scale
     # per token and KV head (about half the bytes, so twice the tokens in the same memory).

@@ -264,10 +264,11 @@ def apply_weight_format(model: DecoderModel, wanted: str, kernels: str) -> str:
       float, or Q6_K fused with another type) at 8 bits from its values, 1.25 bytes
       (`_maker` logs which were held how);
     - int8: an affine scale per 32 inputs, 1.125 to 1.25 bytes a weight (the file's levels
-      where its blocks are grids, as for q4 but all at 8 bits). Asked for by name, on AMX
-      tiles where the CPU has them: each call widens every weight to bfloat16, which a
-      long prompt's rows share (a 2,048-token prompt ~15% faster) and one decode row pays
-      alone (a step twice as long), so `auto`'s int8 takes the VNNI kernels where they run.
+      where its blocks are grids, as for q4 but all at 8 bits), on the VNNI kernels
+      wherever they run; on AMX tiles only where they do not: the tile kernel widens every
+      weight to bfloat16 each call, which a long prompt's rows share (a 2,048-token prompt
+      ~15% faster) and one decode row pays alone (a step twice as long), and the layer
+      stack (kernels/cpu_stack.py) takes the VNNI kernels' weights only.
     `auto` takes q4 where the VNNI kernels run for a file in Q4_0, Q4_1, Q4_K, Q5_0 or
     Q5_1; else int8 where VNNI or AMX tiles run it fast, else the model dtype. A mixture's
     experts take the same format (expert_weights.py: the file's own 4-bit, MXFP4 or 8-bit
@@ -280,8 +281,6 @@ def apply_weight_format(model: DecoderModel, wanted: str, kernels: str) -> str:
 
     usable = kernels == "cpu" and model.dtype == torch.bfloat16
     weights = model.projection_weights()
-    # AMX tiles for int8 asked for by name, or where the VNNI kernels do not run.
-    tiles = int8_tiles_available() and (wanted == "int8" or not lowbit_vector_available())
     if wanted == "auto" and model.weight_format != "dtype":
         wanted = model.weight_format  # already chosen (an engine rebuilt on the same weights)
     if wanted == "auto":
@@ -319,7 +318,7 @@ def apply_weight_format(model: DecoderModel, wanted: str, kernels: str) -> str:
             f"this model's are {_first_type(model) or 'not from a GGUF file'}"
         )
     started = time.perf_counter()
-    model.quantize(wanted, _maker(model, wanted, tiles))
+    model.quantize(wanted, _maker(model, wanted))
     quantize_experts(model, wanted)
     log.info("weights held as %s in %.1f s", wanted, time.perf_counter() - started)
     return wanted
@@ -343,19 +342,19 @@ def _low_bit_file(model: DecoderModel) -> bool:
 
 
 def _maker(
-    model: DecoderModel, wanted: str, tiles: bool
+    model: DecoderModel, wanted: str
 ) -> Callable[[int | None, str, torch.Tensor], Projection]:
     """Each weight as the file's levels where its blocks are grids (FileBlocks.bits): for
     q4 at 4 bits where every part is in a 4-bit type, at 6 where every part is Q6_K, else
     (and for int8) at 8 bits, the scales float16 where the file's are (int8 takes a Q6_K
-    weight from its values); any other weight at 8 bits from its values. int8 on AMX
-    `tiles` (apply_weight_format says when), or where the VNNI kernels do not run, takes
-    every weight from its values. One notice (the LM head comes last) says how many weights
+    weight from its values); any other weight at 8 bits from its values. int8 where the
+    VNNI kernels do not run (Int8Weight: on AMX tiles, or in plain rows) takes every weight
+    from its values. One notice (the LM head comes last) says how many weights
     were held which way, by type."""
     from lucedesk.kernels.quantized import Int8Weight, LowBitWeight, lowbit_vector_available
 
     source = model.block_source
-    low_bit = wanted == "q4" or (not tiles and lowbit_vector_available())
+    low_bit = wanted == "q4" or lowbit_vector_available()
     held: dict[tuple[str, str], int] = {}
 
     def make(layer: int | None, proj: str, w: torch.Tensor) -> Projection:
