@@ -44,6 +44,7 @@ from llama_cpp_build import (  # noqa: F401 (moe_peer reaches them here too)
 )
 
 from lucedesk.catalog.resolve import resolve
+from lucedesk.kernels.cpu_build import cpu_flags
 
 BENCH_DEFAULTS = {
     ("-n", "--num-requests"): "16",
@@ -281,14 +282,14 @@ CPU_PATHS = (("avx512_vnni", "AVX512-VNNI"), ("avx512_bf16", "AVX512-BF16"), ("a
 def machine() -> str:
     """The CPU a run measured on ("2 CPUs, Intel(R) Xeon(R) Processor (AVX512-VNNI, AMX)"):
     one machine's numbers are not another's, and more than one kind runs this bench."""
-    name, flags = "", set()
+    name = ""
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")
-            if key.strip() == "model name" and not name:
+            if key.strip() == "model name":
                 name = value.strip()
-            elif key.strip() == "flags" and not flags:
-                flags = set(value.split())
+                break
+    flags = cpu_flags().split()
     paths = [label for flag, label in CPU_PATHS if flag in flags]
     return f"{os.cpu_count()} CPUs, {name or 'model unknown'}" + (
         f" ({', '.join(paths)})" if paths else ""

@@ -349,8 +349,8 @@ def _maker(
     (and for int8) at 8 bits, the scales float16 where the file's are (int8 takes a Q6_K
     weight from its values); any other weight at 8 bits from its values. int8 where the
     VNNI kernels do not run (Int8Weight: on AMX tiles, or in plain rows) takes every weight
-    from its values. One notice (the LM head comes last) says how many weights
-    were held which way, by type."""
+    from its values. One notice (the LM head comes last) says how many weights were held
+    which way, by type."""
     from lucedesk.kernels.quantized import Int8Weight, LowBitWeight, lowbit_vector_available
 
     source = model.block_source

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 
@@ -15,11 +13,10 @@ def resolve_device(name: str) -> torch.device:
 
 def cpu_has_fast_bf16() -> bool:
     # AVX512-BF16 / AMX hardware: oneDNN runs bf16 matmuls natively there.
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return " avx512_bf16" in flags or " amx_bf16" in flags
+    from lucedesk.kernels.cpu_build import cpu_flags
+
+    flags = cpu_flags().split()
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:

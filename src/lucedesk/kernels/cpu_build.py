@@ -56,7 +56,9 @@ def cache_dir() -> Path:
     return Path(root) / "kernels"
 
 
-def _cpu_flags() -> str:
+def cpu_flags() -> str:
+    """The CPU's feature flags as /proc/cpuinfo lists them (x86 "flags", Arm "Features"),
+    else what `platform` knows."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith(("flags", "Features")):
@@ -96,7 +98,7 @@ def library_path() -> Path | None:
                 torch.__version__.encode(),
                 " ".join(CXXFLAGS).encode(),
                 compiler.encode(),
-                _cpu_flags().encode(),
+                cpu_flags().encode(),
                 sys.version.encode(),
             ]
         )
