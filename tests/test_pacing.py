@@ -32,6 +32,19 @@ def request(rid: str, prompt: int, max_tokens: int, interactive: bool = False) -
     return req
 
 
+def paced_config(**kw) -> EngineConfig:
+    """The `cpu` profile's chunks (512 while idle, 256 fixed while something decodes),
+    paced at 2x."""
+    base = dict(
+        block_size=16,
+        max_num_batched_tokens=512,
+        prefill_chunk_idle=512,
+        prefill_chunk_decoding=256,
+        decode_slowdown=2.0,
+    )
+    return EngineConfig(**{**base, **kw})
+
+
 def run(sched: Scheduler, plans: list[StepPlan], until) -> None:
     while not until():
         plan = sched.plan()
@@ -71,15 +84,7 @@ def test_a_stream_keeps_its_time_per_token_while_a_long_prompt_prefills(slowdown
     stay within `slowdown` times a decode-only step, or the floor where that is more (after
     the first few, which learn the cost), where the fixed 256-token chunk made them ~8x;
     the prompt still finishes."""
-    config = EngineConfig(
-        max_slots=4,
-        block_size=16,
-        max_num_batched_tokens=512,
-        prefill_chunk_idle=512,
-        prefill_chunk_decoding=256,
-        decode_slowdown=slowdown,
-        decode_step_ms=floor_ms,
-    )
+    config = paced_config(max_slots=4, decode_slowdown=slowdown, decode_step_ms=floor_ms)
     sched = Scheduler(config, num_blocks=1000, max_model_len=10_000)
     stream = request("stream", 20, 3000)
     sched.add(stream)
@@ -106,6 +111,31 @@ def test_a_stream_keeps_its_time_per_token_while_a_long_prompt_prefills(slowdown
     fixed.add(long)
     run(fixed, plans, lambda: long.num_output_tokens > 0)
     assert max(step_cost(p) for p in plans if p.decodes and p.prefills) > 7 * alone
+
+
+def test_a_burst_runs_whole_chunks_and_a_prompt_after_it_is_paced():
+    """Eight requests that come together (a bench's burst, subagents started at once): the
+    first one's stream does not pace the others' prompts, which run the fixed chunk each
+    step beside it until every one has its first token; a prompt that comes once they
+    stream is paced for them."""
+    config = paced_config(max_slots=9)
+    sched = Scheduler(config, num_blocks=2000, max_model_len=10_000)
+    burst = [request(f"b{i}" + "x" * i, 300, 400) for i in range(8)]
+    for req in burst:
+        sched.add(req)
+    plans: list[StepPlan] = []
+    run(sched, plans, lambda: all(r.num_output_tokens for r in burst))
+    prompt_tokens = [sum(r.num_tokens for r in p.prefills) for p in plans if p.decodes]
+    assert prompt_tokens and all(n == 256 for n in prompt_tokens[:-1])
+    assert len(plans) == 1 + -(-(8 * 300 - 512) // 256)  # no step beside them went short
+    late = request("late", 3000, 4)
+    sched.add(late)
+    mixed: list[float] = []
+    start = len(plans)
+    run(sched, plans, lambda: late.num_output_tokens > 0)
+    mixed = [step_cost(p) for p in plans[start:] if p.decodes and p.prefills]
+    alone = max(step_cost(p) for p in plans[start:] if p.decodes and not p.prefills)
+    assert len(mixed) > 5 and max(mixed[2:]) <= 2.0 * alone * 1.1
 
 
 def test_no_running_request_goes_background_every_steps_without_a_row():

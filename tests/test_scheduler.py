@@ -47,11 +47,28 @@ def fake_token(req: Request) -> int:
     return (zlib.crc32(req.request_id.encode()) + req.num_tokens * 7919) % 1000 + 1000
 
 
+def streaming_before(plan, prompts: list[Request]) -> bool:
+    """Whether a decode row of `plan` streamed before the newest of `prompts` came."""
+    newest = max((r.arrival_step for r in prompts), default=None)
+    return newest is not None and any(
+        row.request.first_token_step is not None and row.request.first_token_step < newest
+        for row in plan.decodes
+    )
+
+
 def run_step(sched: Scheduler, admitted: list[str] | None = None) -> list:
     """One step, its invariants checked; `admitted` gathers request ids in the order they
     first held a slot."""
     last_run = {r.request_id: r.scheduled_step for r in sched.running}
+    # The prompts in line when the step's chunk is sized: those running and waiting, less
+    # the cancelled (gone first), with the streams the step preempts (in the queue again).
+    in_line = [
+        r
+        for r in sched.running + list(sched.waiting)
+        if r.phase in (Phase.PREFILL, Phase.WAITING, Phase.PREEMPTED) and not r.cancel_requested
+    ]
     plan = sched.plan()
+    in_line += [r for r in sched.waiting if r not in in_line]
     if admitted is not None:
         admitted += [r.request_id for r in sched.running if r.request_id not in admitted]
     config = sched.config
@@ -66,7 +83,7 @@ def run_step(sched: Scheduler, admitted: list[str] | None = None) -> list:
     prefill_tokens = sum(r.num_tokens for r in plan.prefills) - overdue
     if not plan.decodes:
         cap = config.prefill_chunk_idle
-    elif sched.pacer is None:
+    elif sched.pacer is None or not streaming_before(plan, in_line):
         cap = config.prefill_chunk_decoding
     else:
         cap = sched.pacer.chunk(plan.num_tokens - sum(r.num_tokens for r in plan.prefills))

@@ -8,7 +8,10 @@ Each step:
      where blocks and budget are free without preempting anyone;
   3. the rest of the token budget, capped by the prefill chunk (large while nothing decodes;
      while something does, fixed and small, or paced from timed steps so that the decodes
-     keep their time per token: pacing.py), goes to prompt chunks, oldest first;
+     keep their time per token: pacing.py), goes to prompt chunks, oldest first. Pacing
+     is for streams that were streaming before a prompt in line came: prompts that all
+     came with the streams (a burst of requests, subagents started together) run at the
+     fixed chunk, so that each reaches its first token sooner;
   4. the head of the waiting queue is admitted while a slot and the blocks for its tokens
      plus headroom are free, strictly in order: a request that does not fit blocks the ones
      behind it; it runs a first chunk where the budget has room left.
@@ -83,6 +86,7 @@ class Scheduler:
 
     def add(self, request: Request) -> None:
         self.check_fits(request)
+        request.arrival_step = self.step
         self.waiting.append(request)
 
     # -- one step ---------------------------------------------------------------------------
@@ -182,6 +186,8 @@ class Scheduler:
             if token is None:
                 continue
             new = (*kept, token)
+            if req.first_token_step is None:
+                req.first_token_step = plan.step
             for i, t in enumerate(new):
                 req.output_ids.append(t)
                 produced.append(req)
@@ -214,9 +220,19 @@ class Scheduler:
         """The most prompt tokens this step runs besides its decode rows."""
         if not plan.decodes:
             return self.config.prefill_chunk_idle
-        if self.pacer is None:
+        if self.pacer is None or not self._keeps_pace(plan):
             return self.config.prefill_chunk_decoding
         return self.pacer.chunk(plan.num_tokens)
+
+    def _keeps_pace(self, plan: StepPlan) -> bool:
+        """Whether a decode row of `plan` was streaming before a prompt in line came (a
+        step before at least): the chunk is then paced for it."""
+        prompts = [r for r in self.running if r.phase is Phase.PREFILL] + list(self.waiting)
+        newest = max((r.arrival_step for r in prompts), default=None)
+        return newest is not None and any(
+            row.request.first_token_step is not None and row.request.first_token_step < newest
+            for row in plan.decodes
+        )
 
     def _overdue(self, req: Request) -> bool:
         return self.step - req.scheduled_step >= self.config.background_every

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from lucedesk.catalog.gguf_header import SPLIT_NAME
+from lucedesk.catalog.summary import file_type_name
 from lucedesk.engine.models import tokenizer as tok
 from lucedesk.engine.models.config import ModelConfig
 from lucedesk.engine.models.decoder import DecoderModel
@@ -68,7 +69,7 @@ def load_model(
         config = gguf.model_config()
         tokenizer = tok.from_gguf(gguf)
         weights = gguf.weights(config) if read_weights else None
-        quantization = _gguf_file_type(gguf.get("general.file_type"))
+        quantization = file_type_name(gguf.get("general.file_type"))
     else:
         raise ModelLoadError(f"{path}: neither a .gguf file nor a Hugging Face folder")
     if chat_template is not None:  # checked where it was read (catalog/settings.py)
@@ -114,15 +115,6 @@ def _family_defaults(tokenizer: tok.Tokenizer, family: Family) -> None:
     tokenizer.stop_token_ids = tuple(
         dict.fromkeys([*tokenizer.stop_token_ids, *(i for i in extra if i is not None)])
     )
-
-
-def _gguf_file_type(value: object) -> str:
-    import gguf
-
-    try:
-        return gguf.LlamaFileType(int(value)).name.removeprefix("MOSTLY_")
-    except (TypeError, ValueError):
-        return ""
 
 
 def _hf_dtype(folder: Path) -> str:
