@@ -138,6 +138,21 @@ def test_a_burst_runs_whole_chunks_and_a_prompt_after_it_is_paced():
     assert len(mixed) > 5 and max(mixed[2:]) <= 2.0 * alone * 1.1
 
 
+def test_a_watched_stream_keeps_its_pace_beside_a_prompt_that_came_with_it():
+    """A watched (interactive) stream is paced for every prompt, even one that came with it
+    (a pane's reply and a subagent's long prompt at once)."""
+    sched = Scheduler(paced_config(max_slots=2), num_blocks=1000, max_model_len=10_000)
+    watched = request("watched", 20, 400, interactive=True)
+    long = request("long", 3000, 4)
+    sched.add(watched)
+    sched.add(long)
+    plans: list[StepPlan] = []
+    run(sched, plans, lambda: long.num_output_tokens > 0)
+    mixed = [step_cost(p) for p in plans if p.decodes and p.prefills]
+    alone = min(step_cost(p) for p in plans if p.decodes and not p.prefills)
+    assert len(mixed) > 5 and max(mixed[2:]) <= 2.0 * alone * 1.1
+
+
 def test_no_running_request_goes_background_every_steps_without_a_row():
     """Focus priority and long prompts at once: a watched stream decodes, an older long
     prompt takes every step's chunk, and a younger prompt and a background stream wait

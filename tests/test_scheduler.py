@@ -48,10 +48,12 @@ def fake_token(req: Request) -> int:
 
 
 def streaming_before(plan, prompts: list[Request]) -> bool:
-    """Whether a decode row of `plan` streamed before the newest of `prompts` came."""
+    """Whether a decode row of `plan` is watched or streamed before the newest of
+    `prompts` came."""
     newest = max((r.arrival_step for r in prompts), default=None)
     return newest is not None and any(
-        row.request.first_token_step is not None and row.request.first_token_step < newest
+        row.request.interactive
+        or (row.request.first_token_step is not None and row.request.first_token_step < newest)
         for row in plan.decodes
     )
 

@@ -9,9 +9,9 @@ Each step:
   3. the rest of the token budget, capped by the prefill chunk (large while nothing decodes;
      while something does, fixed and small, or paced from timed steps so that the decodes
      keep their time per token: pacing.py), goes to prompt chunks, oldest first. Pacing
-     is for streams that were streaming before a prompt in line came: prompts that all
-     came with the streams (a burst of requests, subagents started together) run at the
-     fixed chunk, so that each reaches its first token sooner;
+     is for watched streams and for those that were streaming before a prompt in line
+     came: prompts that all came with the streams (a burst of requests, subagents started
+     together) run at the fixed chunk, so that each reaches its first token sooner;
   4. the head of the waiting queue is admitted while a slot and the blocks for its tokens
      plus headroom are free, strictly in order: a request that does not fit blocks the ones
      behind it; it runs a first chunk where the budget has room left.
@@ -225,12 +225,13 @@ class Scheduler:
         return self.pacer.chunk(plan.num_tokens)
 
     def _keeps_pace(self, plan: StepPlan) -> bool:
-        """Whether a decode row of `plan` was streaming before a prompt in line came (a
-        step before at least): the chunk is then paced for it."""
+        """Whether a decode row of `plan` is watched (interactive), or was streaming before
+        a prompt in line came (a step before at least): the chunk is then paced for it."""
         prompts = [r for r in self.running if r.phase is Phase.PREFILL] + list(self.waiting)
         newest = max((r.arrival_step for r in prompts), default=None)
         return newest is not None and any(
-            row.request.first_token_step is not None and row.request.first_token_step < newest
+            row.request.interactive
+            or (row.request.first_token_step is not None and row.request.first_token_step < newest)
             for row in plan.decodes
         )
 
