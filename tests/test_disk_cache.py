@@ -42,6 +42,21 @@ def complete(engine, prompt: list[int], max_tokens: int):
     return handle
 
 
+def on_disk_read_slowly(loaded, config: dict, prompt: list[int], seconds: float, monkeypatch):
+    """`prompt`'s blocks written to disk by an engine that computed it, and every later read
+    of the disk's blocks made `seconds` slower."""
+    engine = make_engine(loaded, **config)
+    complete(engine, prompt, 2)
+    engine.shutdown()
+    real_read = DiskPrefixCache._read
+
+    def slow_read(self, digests, start):
+        time.sleep(seconds)
+        return real_read(self, digests, start)
+
+    monkeypatch.setattr(DiskPrefixCache, "_read", slow_read)
+
+
 def open_cache(root: Path, key: str = "model-a", limit: int = 1 << 30) -> DiskPrefixCache:
     cache = DiskPrefixCache(root, key, LAYOUT, BS, limit, min_tokens=0)
     assert cache.flush(5)
@@ -256,17 +271,7 @@ def test_a_request_waiting_for_the_disk_can_be_cancelled_and_shut_down(tiny_mode
     loaded = load_model(tiny_models["llama"], torch.float32)
     config = DISK
     prompt = [20 + (i * 13) % 300 for i in range(400)]
-    engine = make_engine(loaded, **config)
-    complete(engine, prompt, 2)
-    engine.shutdown()
-
-    real_read = DiskPrefixCache._read
-
-    def slow_read(self, digests, start):
-        time.sleep(0.5)
-        return real_read(self, digests, start)
-
-    monkeypatch.setattr(DiskPrefixCache, "_read", slow_read)
+    on_disk_read_slowly(loaded, config, prompt, 0.5, monkeypatch)
     engine = make_engine(loaded, **config).start()
     cancelled = engine.submit(prompt, SamplingParams(max_tokens=2, temperature=0.0))
     time.sleep(0.1)
@@ -281,6 +286,30 @@ def test_a_request_waiting_for_the_disk_can_be_cancelled_and_shut_down(tiny_mode
     engine.shutdown()
     assert left.result(timeout=10).finish_reason == "cancelled"
     assert engine.scheduler.pool.num_free_blocks == engine.scheduler.pool.num_blocks
+
+
+def test_a_prompt_read_from_disk_came_when_it_was_submitted(tiny_models, monkeypatch):
+    """A prompt whose first blocks are read from disk (made slow here) came when it was
+    submitted, not when the read ended: beside a stream submitted with it, the rest of it
+    runs the fixed chunk, not chunks paced for that stream."""
+    loaded = load_model(tiny_models["llama"], torch.float32)
+    config = dict(DISK, kv_pool_tokens=4096, decode_slowdown=2.0, prefill_chunk_decoding=128)
+    prompt = [20 + (i * 13) % 300 for i in range(400)]
+    on_disk_read_slowly(loaded, config, prompt, 0.3, monkeypatch)
+    engine = make_engine(loaded, **config)
+    plans = []
+    plan = engine.scheduler.plan
+    monkeypatch.setattr(engine.scheduler, "plan", lambda: plans.append(plan()) or plans[-1])
+    stream = engine.submit([5, 6, 7], SamplingParams(max_tokens=1000, ignore_eos=True))
+    longer = engine.submit(prompt + [30 + i % 200 for i in range(300)], SamplingParams(4))
+    while not longer.take_ready():
+        engine.step()
+        time.sleep(0.001)
+    assert engine.scheduler.num_disk_hit_tokens >= 384  # the read took place
+    rows = [r for p in plans for r in p.prefills if r.request.request_id == longer.request_id]
+    assert rows[0].num_tokens == 128 and len(rows) <= 3  # not paced for the stream
+    stream.cancel()
+    engine.shutdown()
 
 
 def test_a_full_disk_leaves_no_partial_file_and_a_log_line(tmp_path, monkeypatch, caplog):

@@ -138,6 +138,25 @@ def test_a_burst_runs_whole_chunks_and_a_prompt_after_it_is_paced():
     assert len(mixed) > 5 and max(mixed[2:]) <= 2.0 * alone * 1.1
 
 
+def test_a_prompt_that_comes_with_a_streams_first_token_runs_whole_chunks_and_one_after_is_paced():
+    """The boundary: a prompt that joins right after the step that gave a stream its first
+    token came with it (it was in the engine's inbox while that step ran) and runs the
+    fixed chunk beside it; one that joins a step later is paced for it."""
+    sched = Scheduler(paced_config(max_slots=3), num_blocks=1000, max_model_len=10_000)
+    stream = request("stream", 20, 100)
+    sched.add(stream)
+    plans: list[StepPlan] = []
+    run(sched, plans, lambda: stream.num_output_tokens >= 1)
+    with_it = request("with-it", 2000, 4)
+    sched.add(with_it)
+    run(sched, plans, lambda: len(plans) == 2)
+    assert [r.num_tokens for r in plans[-1].prefills] == [256]  # the fixed chunk
+    after = request("after", 2000, 4)
+    sched.add(after)
+    run(sched, plans, lambda: len(plans) == 3)
+    assert sum(r.num_tokens for r in plans[-1].prefills) < 256  # paced: nothing timed yet
+
+
 def test_a_watched_stream_keeps_its_pace_beside_a_prompt_that_came_with_it():
     """A watched (interactive) stream is paced for every prompt, even one that came with it
     (a pane's reply and a subagent's long prompt at once)."""

@@ -27,10 +27,11 @@ class EngineConfig:
     max_num_batched_tokens: int = 512  # token budget of one step (decode rows + chunks)
     prefill_chunk_idle: int = 512  # prompt tokens per step while nothing decodes
     prefill_chunk_decoding: int = 128  # ...and while some slot decodes (keeps ITL low)
-    # Paced chunks (engine/pacing.py): while something decodes, the prompt chunk is sized
-    # from timed steps so that a step takes at most this many times what its decode rows
-    # take alone, or decode_step_ms where that is more (between one block and
-    # prefill_chunk_idle); 0 = the fixed prefill_chunk_decoding.
+    # Paced chunks (engine/pacing.py): while a watched stream decodes, or one that was
+    # streaming before a prompt in line came, the prompt chunk is sized from timed steps so
+    # that a step takes at most this many times what its decode rows take alone, or
+    # decode_step_ms where that is more (between one block and prefill_chunk_idle); else,
+    # and with 0, the fixed prefill_chunk_decoding.
     decode_slowdown: float = 0.0
     decode_step_ms: int = 0
     decode_headroom_tokens: int = 16  # reserved at admission beyond the prompt

@@ -201,6 +201,7 @@ class EngineLoop:
             if kind == "add":
                 req, handle = payload
                 self.outputs.add(req, handle)
+                req.arrival_step = self.scheduler.step  # came now, whatever the disk's read takes
                 if not self._read_from_disk(req):
                     self._num_pending -= 1
                     self.scheduler.add(req)

@@ -133,7 +133,7 @@ class Request:
     error: str | None = None
     num_preemptions: int = 0
     scheduled_step: int = 0  # the scheduler step that last ran a row of it (or admitted it)
-    arrival_step: int = 0  # the scheduler's last step when it joined the queue
+    arrival_step: int | None = None  # the scheduler's last step when it came (engine or queue)
     first_token_step: int | None = None  # the step that gave it its first output token
     progress_time: float | None = None  # when a step last ran a row of it (monotonic)
     num_cached_tokens: int | None = None  # prompt tokens the prefix cache held at admission

@@ -86,7 +86,8 @@ class Scheduler:
 
     def add(self, request: Request) -> None:
         self.check_fits(request)
-        request.arrival_step = self.step
+        if request.arrival_step is None:  # (the engine stamps it before a disk read)
+            request.arrival_step = self.step
         self.waiting.append(request)
 
     # -- one step ---------------------------------------------------------------------------
