@@ -177,14 +177,12 @@ def test_no_running_request_goes_background_every_steps_without_a_row():
     prompt takes every step's chunk, and a younger prompt and a background stream wait
     behind them; each still runs at least once every `background_every` steps."""
     k = 5
-    config = EngineConfig(
+    config = paced_config(
         max_slots=5,
-        block_size=16,
         max_num_batched_tokens=256,
         prefill_chunk_idle=256,
         prefill_chunk_decoding=64,
         background_every=k,
-        decode_slowdown=2.0,
     )
     sched = Scheduler(config, num_blocks=2000, max_model_len=20_000)
     watched = request("watched", 10, 2000, interactive=True)

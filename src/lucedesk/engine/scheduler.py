@@ -23,6 +23,7 @@ budget or the older prompts ask.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 
 from lucedesk.config import EngineConfig
@@ -113,8 +114,10 @@ class Scheduler:
                 plan.decodes.append(ScheduledRow(req, req.num_computed_tokens, 1, True))
         self._add_drafts(plan, watched)
 
-        budget = min(self.config.max_num_batched_tokens - plan.num_tokens, self._chunk(plan))
         prompts = [r for r in self.running if r.phase is Phase.PREFILL]
+        budget = min(
+            self.config.max_num_batched_tokens - plan.num_tokens, self._chunk(plan, prompts)
+        )
         # A prompt that has waited background_every steps runs a block at least, first (the
         # step's budget keeps a block for each of the others).
         overdue = [r for r in prompts if self._overdue(r)]
@@ -217,19 +220,21 @@ class Scheduler:
 
     # -- helpers ----------------------------------------------------------------------------
 
-    def _chunk(self, plan: StepPlan) -> int:
-        """The most prompt tokens this step runs besides its decode rows."""
+    def _chunk(self, plan: StepPlan, prompts: list[Request]) -> int:
+        """The most prompt tokens this step runs besides its decode rows (`prompts`: the
+        running ones still prefilling)."""
         if not plan.decodes:
             return self.config.prefill_chunk_idle
-        if self.pacer is None or not self._keeps_pace(plan):
+        if self.pacer is None or not self._keeps_pace(plan, prompts):
             return self.config.prefill_chunk_decoding
         return self.pacer.chunk(plan.num_tokens)
 
-    def _keeps_pace(self, plan: StepPlan) -> bool:
+    def _keeps_pace(self, plan: StepPlan, prompts: list[Request]) -> bool:
         """Whether a decode row of `plan` is watched (interactive), or was streaming before
-        a prompt in line came (a step before at least): the chunk is then paced for it."""
-        prompts = [r for r in self.running if r.phase is Phase.PREFILL] + list(self.waiting)
-        newest = max((r.arrival_step for r in prompts), default=None)
+        a prompt in line (`prompts` or waiting) came (a step before at least): the chunk is
+        then paced for it."""
+        in_line = itertools.chain(prompts, self.waiting)
+        newest = max((r.arrival_step for r in in_line), default=None)
         return newest is not None and any(
             row.request.interactive
             or (row.request.first_token_step is not None and row.request.first_token_step < newest)
