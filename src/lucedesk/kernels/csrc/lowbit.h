@@ -46,7 +46,7 @@ namespace {
 // its second sixteen's), then K/256 x 16 float32 super scales (40 bytes a group instead of
 // 128), and no m. A group's halves are summed apart, each less 32 times its activations'
 // sum (hs, exact):
-//   acc = fma(isum_hi - 32 hs_hi, d_hi * xd, fma(isum_lo - 32 hs_lo, d_lo * xd, acc))
+//   acc = fma(isum_hi + hs_hi, d_hi * xd, fma(isum_lo + hs_lo, d_lo * xd, acc)), hs = -32 sum
 // 0.83 bytes a weight, where 8-bit levels of the values took 1.25 and lost up to 1/510.
 
 // Rows multiplied per pass over a block's weights (each pass unpacks them once).
@@ -62,14 +62,15 @@ inline int level_at(const uint8_t* chunk, int64_t v, const uint8_t* lut) {
   return lut ? lut[nibble] : nibble;
 }
 
-// At 6 bits: each row's activations summed per sixteen inputs (hs), [M, K / 16].
+// At 6 bits: each row's activations summed per sixteen inputs, times -32 (the levels'
+// offset): hs, [M, K / 16], what a half's integer sum starts from.
 std::vector<int32_t> half_sums(const RowsQ8& x, int64_t M, int64_t K) {
   std::vector<int32_t> out(M * K / 16);
   const int8_t* q = x.q.data();
   for (int64_t i = 0; i < M * K / 16; ++i) {
     int32_t sum = 0;
     for (int64_t e = 0; e < 16; ++e) sum += q[16 * i + e];
-    out[i] = sum;
+    out[i] = -32 * sum;
   }
   return out;
 }
@@ -85,7 +86,7 @@ void block_rows_plain6(const uint8_t* q, const int8_t* s, int64_t chunks, const 
       const uint8_t* chunk = q + c * 384;
       const float dx = x.d[(row0 + r) * chunks + c];
       for (int64_t ch = 0; ch < 16; ++ch) {
-        int32_t isum[2] = {-32 * hr[2 * c], -32 * hr[2 * c + 1]};
+        int32_t isum[2] = {hr[2 * c], hr[2 * c + 1]};
         for (int64_t j = 0; j < 8; ++j)
           for (int64_t e = 0; e < 4; ++e)
             isum[j / 4] += level_at<6>(chunk, 64 * j + 4 * ch + e, nullptr) *
@@ -209,11 +210,14 @@ void block_rows_vnni(const uint8_t* q, const S* d, const S* m, int64_t chunks,
   }
 }
 
-// At 6 bits (see the top): each half's sums in `Parts` independent chains, as above.
+// At 6 bits (see the top): each half's sums in `Parts` independent chains, as above. A
+// group's halves are taken one after the other (four quads each), so that eight rows'
+// sums, a half's four weight registers and the rows' float sums fit the 32 registers (both
+// halves' sums at once spilled them: a third of the 4-bit kernel's speed at 8 rows).
 template <int Rows, int Parts = Rows == 1 ? 2 : 1>
 void block_rows_vnni6(const uint8_t* q, const int8_t* s, int64_t chunks, const RowsQ8& x,
                       const int32_t* hs, int64_t row0, int64_t K, float* out) {
-  const __m512i low_bits = _mm512_set1_epi8(0x0F), pair = _mm512_set1_epi8(0x03);
+  const __m512i low_bits = _mm512_set1_epi8(0x0F), pair = _mm512_set1_epi8(0x30);
   const int8_t* xq = x.q.data() + row0 * K;
   const float* xd = x.d.data() + row0 * chunks;
   const int32_t* hr = hs + row0 * (K / 16);
@@ -225,40 +229,42 @@ void block_rows_vnni6(const uint8_t* q, const int8_t* s, int64_t chunks, const R
     for (int64_t t = 0; t < 384; t += 64)
       _mm_prefetch(reinterpret_cast<const char*>(chunk + 16 * 384 + t), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(s + (c + 16) * 32), _MM_HINT_T0);
-    __m512i w[8];
-    for (int t = 0; t < 4; ++t) {
-      const __m512i v = _mm512_loadu_si512(chunk + 64 * t);
-      w[t] = _mm512_and_si512(v, low_bits);
-      w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low_bits);
-    }
-    const __m512i high[2] = {_mm512_loadu_si512(chunk + 256), _mm512_loadu_si512(chunk + 320)};
-    for (int t = 0; t < 8; ++t) {
-      const __m512i two = _mm512_and_si512(_mm512_srli_epi16(high[t % 2], 2 * (t / 2)), pair);
-      w[t] = _mm512_or_si512(w[t], _mm512_slli_epi16(two, 4));
-    }
-    __m512i part[Rows][2][Parts];
-    for (int r = 0; r < Rows; ++r)
-      for (int h = 0; h < 2; ++h)
-        for (int p = 0; p < Parts; ++p) part[r][h][p] = _mm512_setzero_si512();
-    for (int j = 0; j < 8; ++j) {
-      for (int r = 0; r < Rows; ++r) {
-        int32_t quad;
-        std::memcpy(&quad, xq + r * K + 32 * c + 4 * j, 4);
-        __m512i& sum = part[r][j / 4][j % Parts];
-        sum = _mm512_dpbusd_epi32(sum, w[j], _mm512_set1_epi32(quad));
-      }
-    }
-    __m512 scale[2];
+    const __m512 super = _mm512_loadu_ps(supers + (c / 8) * 16);
     for (int h = 0; h < 2; ++h) {
+      // Quads 4h..4h + 3: the low nibbles (h = 0) or high ones (h = 1) of the first 256
+      // bytes, each with its bit pair (k of a byte of the last 128) moved to bits 4-5 by
+      // one 16-bit shift (what crosses into the next byte is masked off), then
+      // (nibble & 0x0F) | pair in one ternary op (0xEA: (a & b) | c).
+      __m512i w[4];
+      for (int t = 0; t < 4; ++t) {
+        const __m512i v = _mm512_loadu_si512(chunk + 64 * t);
+        const __m512i high = _mm512_loadu_si512(chunk + 256 + 64 * (t % 2));
+        const int k = 2 * h + t / 2;
+        const __m512i moved = k == 0   ? _mm512_slli_epi16(high, 4)
+                              : k == 1 ? _mm512_slli_epi16(high, 2)
+                              : k == 2 ? high
+                                       : _mm512_srli_epi16(high, 2);
+        w[t] = _mm512_ternarylogic_epi32(h ? _mm512_srli_epi16(v, 4) : v, low_bits,
+                                         _mm512_and_si512(moved, pair), 0xEA);
+      }
+      __m512i part[Rows][Parts];
+      for (int r = 0; r < Rows; ++r)
+        for (int p = 0; p < Parts; ++p) part[r][p] = _mm512_setzero_si512();
+      for (int t = 0; t < 4; ++t) {
+        for (int r = 0; r < Rows; ++r) {
+          int32_t quad;
+          std::memcpy(&quad, xq + r * K + 32 * c + 4 * (4 * h + t), 4);
+          __m512i& sum = part[r][t % Parts];
+          sum = _mm512_dpbusd_epi32(sum, w[t], _mm512_set1_epi32(quad));
+        }
+      }
       const __m512i factors = _mm512_cvtepi8_epi32(
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + c * 32 + h * 16)));
-      scale[h] = _mm512_mul_ps(_mm512_cvtepi32_ps(factors), _mm512_loadu_ps(supers + (c / 8) * 16));
-    }
-    for (int r = 0; r < Rows; ++r) {
-      for (int h = 0; h < 2; ++h) {
-        __m512i isum = _mm512_set1_epi32(-32 * hr[r * (K / 16) + 2 * c + h]);
-        for (int p = 0; p < Parts; ++p) isum = _mm512_add_epi32(isum, part[r][h][p]);
-        const __m512 dw = _mm512_mul_ps(scale[h], _mm512_set1_ps(xd[r * chunks + c]));
+      const __m512 scale = _mm512_mul_ps(_mm512_cvtepi32_ps(factors), super);
+      for (int r = 0; r < Rows; ++r) {
+        __m512i isum = _mm512_set1_epi32(hr[r * (K / 16) + 2 * c + h]);
+        for (int p = 0; p < Parts; ++p) isum = _mm512_add_epi32(isum, part[r][p]);
+        const __m512 dw = _mm512_mul_ps(scale, _mm512_set1_ps(xd[r * chunks + c]));
         acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), dw, acc[r]);
       }
     }
