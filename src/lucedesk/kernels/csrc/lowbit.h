@@ -442,12 +442,14 @@ at::Tensor lowbit_moe_linear(const at::Tensor& x, const std::optional<at::Tensor
   const RowsQ8 xq = quantize_rows(x.data_ptr<c10::BFloat16>(), R, K);
   const int64_t groups = K / 32;
   RowsQ8 grouped(P, K);
-  for (int64_t i = 0; i < P; ++i) {
-    const int64_t r = rp ? rp[order[i]] : order[i];
-    std::memcpy(grouped.q.data() + i * K, xq.q.data() + r * K, K);
-    std::memcpy(grouped.d.data() + i * groups, xq.d.data() + r * groups, groups * 4);
-    std::memcpy(grouped.s.data() + i * groups, xq.s.data() + r * groups, groups * 4);
-  }
+  at::parallel_for(0, P, 256, [&](int64_t begin, int64_t end) {  // a prompt's, not a decode's
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t r = rp ? rp[order[i]] : order[i];
+      std::memcpy(grouped.q.data() + i * K, xq.q.data() + r * K, K);
+      std::memcpy(grouped.d.data() + i * groups, xq.d.data() + r * groups, groups * 4);
+      std::memcpy(grouped.s.data() + i * groups, xq.s.data() + r * groups, groups * 4);
+    }
+  });
   std::vector<int64_t> active;  // the experts with pairs
   for (int64_t e = 0; e < E; ++e)
     if (starts[e + 1] > starts[e]) active.push_back(e);
@@ -456,9 +458,15 @@ at::Tensor lowbit_moe_linear(const at::Tensor& x, const std::optional<at::Tensor
   Scratch<c10::BFloat16> sorted(P * N);
   const int64_t blocks = N / 16, q_expert = q.numel() / E, s_expert = d.numel() / E;
   const std::vector<int32_t> hs = bits == 6 ? half_sums(grouped, P, K) : std::vector<int32_t>();
+  // A task, one expert's block of sixteen channels, costs its rows, or reading its weights
+  // where that takes longer: about eight rows' arithmetic.
+  const auto cost = [&](int64_t t) {
+    const int64_t e = active[t / blocks];
+    return std::max<int64_t>(starts[e + 1] - starts[e], 8);
+  };
   with_scales(d, m, [&](const auto* dp, const auto* mp) {
-    at::parallel_for(0, static_cast<int64_t>(active.size()) * blocks, 1,
-                     [&](int64_t begin, int64_t end) {
+    split_by_cost(static_cast<int64_t>(active.size()) * blocks, cost,
+                  [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         const int64_t e = active[t / blocks], b = t % blocks;
         const int64_t first = starts[e], count = starts[e + 1] - starts[e];
@@ -477,8 +485,10 @@ at::Tensor lowbit_moe_linear(const at::Tensor& x, const std::optional<at::Tensor
     });
   });
   c10::BFloat16* yp = y.data_ptr<c10::BFloat16>();
-  for (int64_t i = 0; i < P; ++i)
-    std::memcpy(yp + order[i] * N, sorted.data() + i * N, N * sizeof(c10::BFloat16));
+  at::parallel_for(0, P, 256, [&](int64_t begin, int64_t end) {  // a prompt's, not a decode's
+    for (int64_t i = begin; i < end; ++i)
+      std::memcpy(yp + order[i] * N, sorted.data() + i * N, N * sizeof(c10::BFloat16));
+  });
   return y;
 }
 
