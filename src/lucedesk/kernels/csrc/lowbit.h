@@ -296,12 +296,14 @@ bool lowbit_vector_available() {
 }
 
 // Rows row0..row0 + M - 1 of x times one weight's block b of sixteen channels, into y
-// (row stride N). Each row's arithmetic depends on its own values only.
+// (row stride N) at the same rows, or with `to` at rows to[row0]..to[row0 + M - 1]. Each
+// row's arithmetic depends on its own values only.
 // At 6 bits S is int8_t, m is not read and hs holds x's half_sums.
 template <int Bits, typename S>
 void lowbit_block(const RowsQ8& x, const uint8_t* q, const S* d, const S* m,
                   c10::BFloat16* y, int64_t row0, int64_t M, int64_t N, int64_t K, int64_t b,
-                  bool vector, const uint8_t* lut, const int32_t* hs = nullptr) {
+                  bool vector, const uint8_t* lut, const int32_t* hs = nullptr,
+                  const int64_t* to = nullptr) {
   const int64_t chunks = K / 32, block_bytes = chunks * 512 * Bits / 8;
   const uint8_t* qb = q + b * block_bytes;
   const S* db = d + block_scales_offset<S>(b, chunks);
@@ -324,9 +326,10 @@ void lowbit_block(const RowsQ8& x, const uint8_t* q, const S* d, const S* m,
 #endif
         block_rows_plain<Bits>(qb, db, mb, chunks, x, r0, rows, K, out, lut);
     }
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t ch = 0; ch < 16; ++ch)
-        y[(r0 + r) * N + b * 16 + ch] = narrow<c10::BFloat16>(out[16 * r + ch]);
+    for (int64_t r = 0; r < rows; ++r) {
+      c10::BFloat16* yr = y + (to ? to[r0 + r] : r0 + r) * N + b * 16;
+      for (int64_t ch = 0; ch < 16; ++ch) yr[ch] = narrow<c10::BFloat16>(out[16 * r + ch]);
+    }
   }
 }
 
@@ -455,7 +458,7 @@ at::Tensor lowbit_moe_linear(const at::Tensor& x, const std::optional<at::Tensor
     if (starts[e + 1] > starts[e]) active.push_back(e);
   const uint8_t* qp = q.data_ptr<uint8_t>();
   const uint8_t* table = lut.has_value() ? lut->data_ptr<uint8_t>() : nullptr;
-  Scratch<c10::BFloat16> sorted(P * N);
+  c10::BFloat16* yp = y.data_ptr<c10::BFloat16>();  // pair order[i]'s row from grouped row i
   const int64_t blocks = N / 16, q_expert = q.numel() / E, s_expert = d.numel() / E;
   const std::vector<int32_t> hs = bits == 6 ? half_sums(grouped, P, K) : std::vector<int32_t>();
   // A task, one expert's block of sixteen channels, costs its rows, or reading its weights
@@ -473,21 +476,16 @@ at::Tensor lowbit_moe_linear(const at::Tensor& x, const std::optional<at::Tensor
         const uint8_t* qe = qp + e * q_expert;
         const auto *de = dp + e * s_expert, *me = mp + e * s_expert;
         if constexpr (is_six_bit_scales<decltype(dp)>)
-          lowbit_block<6>(grouped, qe, de, me, sorted.data(), first, count, N, K, b, vector,
-                          table, hs.data());
+          lowbit_block<6>(grouped, qe, de, me, yp, first, count, N, K, b, vector, table,
+                          hs.data(), order.data());
         else if (bits == 4)
-          lowbit_block<4>(grouped, qe, de, me, sorted.data(), first, count, N, K, b, vector,
-                          table);
+          lowbit_block<4>(grouped, qe, de, me, yp, first, count, N, K, b, vector, table,
+                          nullptr, order.data());
         else
-          lowbit_block<8>(grouped, qe, de, me, sorted.data(), first, count, N, K, b, vector,
-                          table);
+          lowbit_block<8>(grouped, qe, de, me, yp, first, count, N, K, b, vector, table,
+                          nullptr, order.data());
       }
     });
-  });
-  c10::BFloat16* yp = y.data_ptr<c10::BFloat16>();
-  at::parallel_for(0, P, 256, [&](int64_t begin, int64_t end) {  // a prompt's, not a decode's
-    for (int64_t i = begin; i < end; ++i)
-      std::memcpy(yp + order[i] * N, sorted.data() + i * N, N * sizeof(c10::BFloat16));
   });
   return y;
 }
