@@ -56,6 +56,16 @@ def run(sched: Scheduler, plans: list[StepPlan], until) -> None:
         assert len(plans) < 100_000
 
 
+def streaming(sched: Scheduler, tokens: int, max_tokens: int = 3000) -> list[StepPlan]:
+    """A 20-token stream added to `sched` and stepped until it has `tokens` output tokens:
+    the steps' plans so far."""
+    stream = request("stream", 20, max_tokens)
+    sched.add(stream)
+    plans: list[StepPlan] = []
+    run(sched, plans, lambda: stream.num_output_tokens >= tokens)
+    return plans
+
+
 def test_pacer_sizes_the_chunk_from_timed_steps():
     pacer = StepPacer(2.0, least=16, most=512)
     assert pacer.chunk(1) == 0  # nothing timed yet: a decode-only step, to time it
@@ -86,10 +96,7 @@ def test_a_stream_keeps_its_time_per_token_while_a_long_prompt_prefills(slowdown
     the prompt still finishes."""
     config = paced_config(max_slots=4, decode_slowdown=slowdown, decode_step_ms=floor_ms)
     sched = Scheduler(config, num_blocks=1000, max_model_len=10_000)
-    stream = request("stream", 20, 3000)
-    sched.add(stream)
-    plans: list[StepPlan] = []
-    run(sched, plans, lambda: stream.num_output_tokens >= 20)
+    plans = streaming(sched, 20)
     long = request("long", 6000, 4)
     sched.add(long)
     mixed: list[float] = []
@@ -104,10 +111,8 @@ def test_a_stream_keeps_its_time_per_token_while_a_long_prompt_prefills(slowdown
     assert statistics.median(mixed) >= target * 0.8  # and the prompt uses what it may
     # Fixed chunks: the same prompt's steps cost ~8 times a decode-only one.
     fixed = Scheduler(config.replace(decode_slowdown=0), num_blocks=1000, max_model_len=10_000)
-    stream, long = request("stream", 20, 3000), request("long", 6000, 4)
-    fixed.add(stream)
-    plans = []
-    run(fixed, plans, lambda: stream.num_output_tokens >= 20)
+    plans = streaming(fixed, 20)
+    long = request("long", 6000, 4)
     fixed.add(long)
     run(fixed, plans, lambda: long.num_output_tokens > 0)
     assert max(step_cost(p) for p in plans if p.decodes and p.prefills) > 7 * alone
@@ -143,10 +148,7 @@ def test_a_prompt_that_comes_with_a_streams_first_token_runs_whole_chunks_and_on
     token came with it (it was in the engine's inbox while that step ran) and runs the
     fixed chunk beside it; one that joins a step later is paced for it."""
     sched = Scheduler(paced_config(max_slots=3), num_blocks=1000, max_model_len=10_000)
-    stream = request("stream", 20, 100)
-    sched.add(stream)
-    plans: list[StepPlan] = []
-    run(sched, plans, lambda: stream.num_output_tokens >= 1)
+    plans = streaming(sched, 1, max_tokens=100)
     with_it = request("with-it", 2000, 4)
     sched.add(with_it)
     run(sched, plans, lambda: len(plans) == 2)
