@@ -173,23 +173,26 @@ def assert_one_call_is_both(block, x: torch.Tensor, alone: dict[str, list]) -> N
     assert one_call.abs().max() > 0
 
 
-MOE_CASES = 14
+MOE_CASES = 16
 
 
 @pytest.mark.parametrize("case", range(MOE_CASES))
 def test_the_one_call_mixture_equals_the_per_expert_path(case):
     """Randomized (experts 8-128, top-k 1-8, rows 1-16, 4-bit, MXFP4 and 8-bit experts,
-    SiLU, tanh GELU and gpt-oss's clamped SwiGLU, biases or none, either router): the C++
-    mixture in one call (csrc/moe.h), the model's Python path (router, grouped passes,
-    weighted sum) and every row computed alone with each expert's weight alone give the same
-    bits (float32 sums over bfloat16 activations)."""
+    SiLU, tanh GELU and gpt-oss's clamped SwiGLU, either kernel path, biases or none, either
+    router; SiLU on the vector path with 64 or 128 intermediate outputs takes the one pass
+    that makes and quantizes silu(gate) * up): the C++ mixture in one call (csrc/moe.h), the
+    model's Python path (router, grouped passes, weighted sum) and every row computed alone
+    with each expert's weight alone give the same bits (float32 sums over bfloat16
+    activations)."""
     rng = np.random.default_rng(case)
     num_experts = int(rng.choice([8, 16, 32, 64, 128]))
     top_k = int(rng.integers(1, 9))
     rows = int(rng.integers(1, 17))
-    bits, table = FORMATS[case % len(FORMATS)]
-    act = ("silu", "gelu_tanh", "swiglu_clamped")[case % 3]
-    hidden, inter = 64, int(rng.choice([32, 64]))
+    bits, table = FORMATS[int(rng.integers(len(FORMATS)))]
+    act = ("silu", "gelu_tanh", "swiglu_clamped")[int(rng.integers(3))]
+    vector = PATHS[int(rng.integers(2)) % len(PATHS)]
+    hidden, inter = 64, int(rng.choice([32, 64, 128]))
     c = ModelConfig(
         architecture="gpt-oss" if act == "swiglu_clamped" else "qwen3moe",
         vocab_size=32, hidden_size=hidden, intermediate_size=inter, num_layers=1,
@@ -206,7 +209,6 @@ def test_the_one_call_mixture_equals_the_per_expert_path(case):
         if bias is not None:
             bias.copy_(torch.randn(bias.shape, generator=g) * 0.1)
     alone: dict[str, list] = {}
-    vector = PATHS[case % len(PATHS)]
     for proj, (n, k) in (("gate_up", (2 * inter, hidden)), ("down", (hidden, inter))):
         levels, d, m, _ = random_experts(num_experts, n, k, bits, case * 7 + n)
         held = GroupedLowBitWeight(num_experts, (n, k), bits, table, vector=vector)

@@ -139,6 +139,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_input(
 // and (experts only, moe.h) gpt-oss's clamped SwiGLU.
 enum class Gate : int64_t { kSilu = 0, kGeluTanh = 1, kSwigluClamped = 2 };
 
+#if defined(LUCEDESK_VNNI)
+// Whether act(gate) * up of gate|up rows (I outputs a half) is made and quantized for the
+// down matmul in one pass (quantize_silu_times_up) with the bits of ATen's ops: SiLU on the
+// vector kernels, I a multiple of 64, ATen's silu its AVX-512 vector loop and libtorch
+// exporting the exp that loop calls.
+inline bool silu_in_one_pass(bool vector, Gate gate, int64_t I) {
+  static const bool available = at::get_cpu_capability() == "AVX512" && silu_pass_available();
+  return vector && gate == Gate::kSilu && I % 64 == 0 && available;
+}
+#endif
+
 // h [T, H] (normed) -> down(act(gate) * up) [T, H], gate|up one matmul of 2I outputs (gate
 // first), with the values of the ATen ops the model's Python runs. With the vector kernels
 // silu(gate) * up is made and quantized for `down` in one pass over the rows
@@ -150,10 +161,7 @@ at::Tensor mlp_output(const at::Tensor& h, const LowBitArgs& gate_up_weight,
   TORCH_CHECK(gate_up.size(1) % 2 == 0, "fused layer: gate|up has an odd number of outputs");
   const int64_t I = gate_up.size(1) / 2;
 #if defined(LUCEDESK_VNNI)
-  // ATen's bits in one pass over the rows, where ATen's silu is its AVX-512 vector loop and
-  // libtorch exports the exp that loop calls.
-  static const bool one_pass = at::get_cpu_capability() == "AVX512" && silu_pass_available();
-  if (vector && gate == Gate::kSilu && I % 64 == 0 && one_pass)
+  if (silu_in_one_pass(vector, gate, I))
     return down_weight.times(
         quantize_silu_times_up(gate_up.data_ptr<c10::BFloat16>(), h.size(0), I), h.size(0), I,
         vector);

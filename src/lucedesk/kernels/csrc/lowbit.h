@@ -394,39 +394,32 @@ at::Tensor lowbit_linear(const at::Tensor& x, const at::Tensor& q, const at::Ten
                      lut);
 }
 
-// Mixture of experts: pair p multiplies x's row rows[p] (row p without `rows`) by expert
-// experts[p]'s weight (q [E, N/16, K/32, 64 * bits], d and m [E, ...]) -> y [P, N], in pair
-// order. The pairs are grouped by expert here (a counting sort, in pair order within an
-// expert), x's rows are quantized once however many pairs share them, and one pass runs
-// the tasks (expert with pairs, block of sixteen channels): each selected expert's weights
-// are read once. A pair's result is what its expert's weight alone gives its row.
-at::Tensor lowbit_moe_linear(const at::Tensor& x, const std::optional<at::Tensor>& rows,
-                             const at::Tensor& experts, const at::Tensor& q,
-                             const at::Tensor& d, const at::Tensor& m, int64_t bits,
-                             bool vector, const std::optional<at::Tensor>& lut) {
+// Mixture of experts: pair p multiplies row rp[p] of R rows of K inputs (row p without `rp`)
+// by expert experts[p]'s weight (q [E, N/16, K/32, 64 * bits], d and m [E, ...]) -> y
+// [P, N], in pair order; quantized() gives the rows as RowsQ8 once the arguments are
+// checked. The pairs are grouped by expert here (a counting sort, in pair order within an
+// expert), a row is quantized once however many pairs share it, and one pass runs the tasks
+// (expert with pairs, block of sixteen channels): each selected expert's weights are read
+// once. A pair's result is what its expert's weight alone gives its row.
+template <typename Quantized>
+at::Tensor lowbit_moe_rows(const Quantized& quantized, int64_t R, int64_t K, const int64_t* rp,
+                           const at::Tensor& experts, const at::Tensor& q, const at::Tensor& d,
+                           const at::Tensor& m, int64_t bits, bool vector,
+                           const std::optional<at::Tensor>& lut) {
   check_lowbit_args(bits, vector, lut);
   TORCH_CHECK(q.dim() == 4 && q.is_contiguous() && q.scalar_type() == at::kByte &&
                   q.size(3) == 64 * bits,
               "lowbit moe linear: q must be uint8 [E, N/16, K/32, 64 * bits]");
-  const int64_t E = q.size(0), N = q.size(1) * 16, K = q.size(2) * 32, R = x.size(0);
+  const int64_t E = q.size(0), N = q.size(1) * 16;
+  TORCH_CHECK(q.size(2) * 32 == K, "lowbit moe linear: x has ", K, " inputs, the weights ",
+              q.size(2) * 32);
   TORCH_CHECK(experts.dim() == 1 && experts.scalar_type() == at::kLong &&
                   experts.is_contiguous() && experts.device().is_cpu(),
               "lowbit moe linear: experts must be int64 [P] on the CPU");
   const int64_t P = experts.size(0);
   check_scales(d, m, N, K, E, bits);
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kBFloat16,
-              "lowbit moe linear: x must be contiguous bfloat16 [M, K]");
-  TORCH_CHECK(x.size(1) == K, "lowbit moe linear: x has ", x.size(1), " inputs, the weights ", K);
+  TORCH_CHECK(rp || R == P, "lowbit moe linear: without rows, x has one row per pair");
   const int64_t* ep = experts.data_ptr<int64_t>();
-  const int64_t* rp = nullptr;
-  if (rows.has_value()) {
-    TORCH_CHECK(rows->dim() == 1 && rows->size(0) == P && rows->scalar_type() == at::kLong &&
-                    rows->is_contiguous() && rows->device().is_cpu(),
-                "lowbit moe linear: rows must be int64 [P] on the CPU, one per expert");
-    rp = rows->data_ptr<int64_t>();
-  } else {
-    TORCH_CHECK(R == P, "lowbit moe linear: without rows, x has one row per pair");
-  }
   // Group the pairs by expert: starts[e] .. starts[e + 1] of `order`.
   std::vector<int64_t> starts(E + 1, 0), order(P);
   for (int64_t p = 0; p < P; ++p) {
@@ -439,10 +432,10 @@ at::Tensor lowbit_moe_linear(const at::Tensor& x, const std::optional<at::Tensor
     std::vector<int64_t> next(starts.begin(), starts.end() - 1);
     for (int64_t p = 0; p < P; ++p) order[next[ep[p]]++] = p;
   }
-  at::Tensor y = at::empty({P, N}, x.options());
+  at::Tensor y = at::empty({P, N}, at::TensorOptions().dtype(at::kBFloat16));
   if (P == 0) return y;
-  // x's rows quantized once, then laid out in the grouped order.
-  const RowsQ8 xq = quantize_rows(x.data_ptr<c10::BFloat16>(), R, K);
+  // The rows laid out in the grouped order.
+  const RowsQ8 xq = quantized();
   const int64_t groups = K / 32;
   RowsQ8 grouped(P, K);
   at::parallel_for(0, P, 256, [&](int64_t begin, int64_t end) {  // a prompt's, not a decode's
@@ -488,6 +481,27 @@ at::Tensor lowbit_moe_linear(const at::Tensor& x, const std::optional<at::Tensor
     });
   });
   return y;
+}
+
+// lowbit_moe_rows on bfloat16 rows x [R, K], pair p taking row rows[p] (row p without
+// `rows`).
+at::Tensor lowbit_moe_linear(const at::Tensor& x, const std::optional<at::Tensor>& rows,
+                             const at::Tensor& experts, const at::Tensor& q,
+                             const at::Tensor& d, const at::Tensor& m, int64_t bits,
+                             bool vector, const std::optional<at::Tensor>& lut) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kBFloat16,
+              "lowbit moe linear: x must be contiguous bfloat16 [M, K]");
+  const int64_t R = x.size(0), K = x.size(1);
+  const int64_t* rp = nullptr;
+  if (rows.has_value()) {
+    TORCH_CHECK(rows->dim() == 1 && rows->size(0) == experts.numel() &&
+                    rows->scalar_type() == at::kLong && rows->is_contiguous() &&
+                    rows->device().is_cpu(),
+                "lowbit moe linear: rows must be int64 [P] on the CPU, one per expert");
+    rp = rows->data_ptr<int64_t>();
+  }
+  const auto quantized = [&] { return quantize_rows(x.data_ptr<c10::BFloat16>(), R, K); };
+  return lowbit_moe_rows(quantized, R, K, rp, experts, q, d, m, bits, vector, lut);
 }
 
 }  // namespace

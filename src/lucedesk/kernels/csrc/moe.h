@@ -1,11 +1,12 @@
 // A mixture of experts' MLP as one call: the router (float32), the top k experts of every
-// row and their weights, the selected experts' gate|up matmul (lowbit_moe_linear: each
+// row and their weights, the selected experts' gate|up matmul (lowbit_moe_rows: each
 // chosen expert's blocks read once for all the rows that chose it), the biases, the
 // activation, the down matmul and each row's weighted sum in the order the router ranked
 // its experts. The ATen ops and kernels are those models/moe.py's MoEBlock runs (the sum a
-// loop rounding as they round), in its order on its values, so the result has its bits;
-// what the call saves is the Python and dispatch between ~25 small calls a layer, which at
-// one decode row cost more than the experts' memory traffic.
+// loop rounding as they round; SiLU and the product made and quantized for down in one pass
+// where that has ATen's bits, as mlp_output does), in its order on its values, so the
+// result has its bits; what the call saves is the Python and dispatch between ~25 small
+// calls a layer, which at one decode row cost more than the experts' memory traffic.
 #pragma once
 
 #include "fused.h"  // LowBitArgs, Gate
@@ -70,19 +71,33 @@ at::Tensor moe_output(const at::Tensor& h, const MoEArgs& moe, bool vector) {
   }
   weights = weights.to(h.scalar_type()).contiguous();
   const at::Tensor flat = ids.reshape({-1}).contiguous();  // pair p: row p / k, expert flat[p]
-  const at::Tensor rows = at::arange(T, flat.options()).repeat_interleave(k);
+  const int64_t P = flat.numel(), H = h.size(1);
+  std::vector<int64_t> rows(P);
+  for (int64_t p = 0; p < P; ++p) rows[p] = p / k;
   const LowBitArgs& gu = moe.gate_up;
-  at::Tensor pairs = lowbit_moe_linear(h, rows, flat, gu.q, gu.d, gu.m, gu.bits, vector, gu.lut);
+  const auto normed = [&] { return quantize_rows(h.data_ptr<c10::BFloat16>(), T, H); };
+  at::Tensor pairs = lowbit_moe_rows(normed, T, H, rows.data(), flat, gu.q, gu.d, gu.m, gu.bits,
+                                     vector, gu.lut);
   // index_select, not index: a few rows gathered without an iterator or a parallel region
   if (moe.gate_up_bias.has_value()) pairs.add_(moe.gate_up_bias->index_select(0, flat));
   const LowBitArgs& dn = moe.down;
-  at::Tensor y = lowbit_moe_linear(gated_pairs(pairs, moe).contiguous(), std::nullopt, flat, dn.q,
-                                   dn.d, dn.m, dn.bits, vector, dn.lut);
+  const int64_t I = pairs.size(1) / 2;
+  at::Tensor y;
+#if defined(LUCEDESK_VNNI)
+  if (silu_in_one_pass(vector, moe.gate, I)) {  // ATen's silu and mul bits, one pass
+    const auto gated = [&] {
+      return quantize_silu_times_up(pairs.data_ptr<c10::BFloat16>(), P, I);
+    };
+    y = lowbit_moe_rows(gated, P, I, nullptr, flat, dn.q, dn.d, dn.m, dn.bits, vector, dn.lut);
+  }
+#endif
+  if (!y.defined())
+    y = lowbit_moe_linear(gated_pairs(pairs, moe).contiguous(), std::nullopt, flat, dn.q, dn.d,
+                          dn.m, dn.bits, vector, dn.lut);
   if (moe.down_bias.has_value()) y.add_(moe.down_bias->index_select(0, flat));
   // Each row's weighted sum in rank order, whatever else is in the batch: one pass doing
   // what ATen's bfloat16 mul and add do per element (the product and the sum in float,
   // each rounded to bfloat16), without their 2k - 1 calls.
-  const int64_t H = y.size(1);
   at::Tensor out = at::empty({T, H}, y.options());
   const auto* yp = y.data_ptr<c10::BFloat16>();
   const auto* wp = weights.data_ptr<c10::BFloat16>();
