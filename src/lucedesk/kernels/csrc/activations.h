@@ -1,7 +1,7 @@
 // Activations quantized to int8 for the low-bit matmuls: one scale per group of 32 inputs
 // (as llama.cpp's CPU path does), sixteen groups at a time in AVX-512 registers where the CPU
 // has VNNI, in a plain loop elsewhere, the same bits either way; and a gated MLP's
-// silu(gate) * up made and quantized in one pass.
+// act(gate) * up made and quantized in one pass.
 #pragma once
 
 #include "common.h"
@@ -104,11 +104,11 @@ RowsQ8 quantize_rows(const c10::BFloat16* x, int64_t M, int64_t K) {
 }
 
 #ifdef LUCEDESK_VNNI
-// libtorch's own exp (Sleef's, 1 ulp): the one ATen's vectorized silu takes on this CPU.
-// Weak: a libtorch that does not export it loads the kernels all the same, and
-// silu_pass_available() says the one pass is not to be taken.
+// libtorch's own exp (Sleef's, 1 ulp): the one ATen's vectorized silu and sigmoid take on
+// this CPU. Weak: a libtorch that does not export it loads the kernels all the same, and
+// sleef_exp_available() says the one pass is not to be taken.
 extern "C" __m512 Sleef_expf16_u10(__m512) __attribute__((weak));
-inline bool silu_pass_available() { return Sleef_expf16_u10 != nullptr; }
+inline bool sleef_exp_available() { return Sleef_expf16_u10 != nullptr; }
 
 // Floats rounded to bfloat16 as ATen's vector conversion rounds them (to nearest, ties to
 // even, as bf16_bits; a NaN becomes 0xFFFF), widened back.
@@ -122,37 +122,46 @@ inline __m512 bf16_rounded(__m512 v) {
       _mm512_mask_blend_epi32(numbers, _mm512_set1_epi32(int32_t(0xFFFF0000u)), rounded));
 }
 
-// Rows of gate|up [M, 2I] bfloat16 (gate first) -> silu(gate) * up, quantized as
-// quantize_rows quantizes rows, in one pass over the rows instead of three. Each product is
-// the bfloat16 that ATen's vector silu and mul give: silu(x) = x / (1 + exp(-x)) in floats
-// with libtorch's Sleef exp, rounded to bfloat16, times up (exact in a float), rounded.
-// ATen's own silu takes libm's exp for the values of a row (or of a thread's share of the
-// rows) past its last multiple of 64, which may differ in the last bit: mlp_output takes this
-// pass where I is a multiple of 64 and ATen dispatches its AVX-512 kernels. This pass gives a
-// row the same bits whatever its batch.
-RowsQ8 quantize_silu_times_up(const c10::BFloat16* gate_up, int64_t M, int64_t I) {
+// Rows of gate|up [M, 2I] (gate first) -> act(gate) * up, quantized as quantize_rows
+// quantizes rows, in one pass over the rows instead of one a ATen op: product(row, j) gives
+// the sixteen products of row's columns j .. j + 15, each the bfloat16 ATen's ops give,
+// widened. Where an op's AVX-512 loop and its scalar tail may differ in the last bit (an
+// exp), a row past its last multiple of 64 takes the tail: the callers take this pass
+// where I is a multiple of 64 (gated_in_one_pass). It gives a row the same bits whatever
+// its batch.
+template <typename Product>
+RowsQ8 quantize_gated(int64_t M, int64_t I, const Product& product) {
   const int64_t groups = I / 32;
   RowsQ8 out(M, I);
-  const __m512 one = _mm512_set1_ps(1.f);
-  const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(int32_t(0x80000000u)));  // -x
   at::parallel_for(0, M * groups, 128, [&](int64_t begin, int64_t end) {  // ~20 ns a group
-    alignas(64) float product[16 * 32];  // sixteen groups' products, quantized together
+    alignas(64) float products[16 * 32];  // sixteen groups' products, quantized together
     for (int64_t g0 = begin; g0 < end; g0 += 16) {
       const int64_t n = std::min<int64_t>(16, end - g0);
       for (int64_t i = 0; i < 2 * n; ++i) {
         const int64_t g = g0 + i / 2;
-        const c10::BFloat16* gate = gate_up + g / groups * 2 * I + g % groups * 32 + i % 2 * 16;
-        const __m512 x = widen16(gate);
-        const __m512 e = Sleef_expf16_u10(_mm512_xor_ps(x, sign));
-        const __m512 act = bf16_rounded(_mm512_div_ps(x, _mm512_add_ps(one, e)));
-        _mm512_store_ps(product + 16 * i, bf16_rounded(_mm512_mul_ps(act, widen16(gate + I))));
+        _mm512_store_ps(products + 16 * i, product(g / groups, g % groups * 32 + i % 2 * 16));
       }
       quantize_sixteen(
-          [&](int64_t i, int h) { return _mm512_load_ps(product + 32 * i + 16 * h); }, n,
+          [&](int64_t i, int h) { return _mm512_load_ps(products + 32 * i + 16 * h); }, n,
           out.q.data() + g0 * 32, out.d.data() + g0, out.s.data() + g0);
     }
   });
   return out;
+}
+
+// silu(gate) * up as ATen's vector silu and mul give it: x / (1 + exp(-x)) in floats with
+// libtorch's Sleef exp, rounded to bfloat16, times up (exact in a float), rounded. ATen's
+// own silu takes libm's exp past a row's last multiple of 64.
+RowsQ8 quantize_silu_times_up(const c10::BFloat16* gate_up, int64_t M, int64_t I) {
+  const __m512 one = _mm512_set1_ps(1.f);
+  const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(int32_t(0x80000000u)));  // -x
+  return quantize_gated(M, I, [&](int64_t row, int64_t j) {
+    const c10::BFloat16* gate = gate_up + row * 2 * I + j;
+    const __m512 x = widen16(gate);
+    const __m512 e = Sleef_expf16_u10(_mm512_xor_ps(x, sign));
+    const __m512 act = bf16_rounded(_mm512_div_ps(x, _mm512_add_ps(one, e)));
+    return bf16_rounded(_mm512_mul_ps(act, widen16(gate + I)));
+  });
 }
 #endif
 

@@ -141,12 +141,12 @@ enum class Gate : int64_t { kSilu = 0, kGeluTanh = 1, kSwigluClamped = 2 };
 
 #if defined(LUCEDESK_VNNI)
 // Whether act(gate) * up of gate|up rows (I outputs a half) is made and quantized for the
-// down matmul in one pass (quantize_silu_times_up) with the bits of ATen's ops: SiLU on the
-// vector kernels, I a multiple of 64, ATen's silu its AVX-512 vector loop and libtorch
-// exporting the exp that loop calls.
-inline bool silu_in_one_pass(bool vector, Gate gate, int64_t I) {
-  static const bool available = at::get_cpu_capability() == "AVX512" && silu_pass_available();
-  return vector && gate == Gate::kSilu && I % 64 == 0 && available;
+// down matmul in one pass (quantize_gated) with the bits of ATen's ops: SiLU or the clamped
+// SwiGLU on the vector kernels, I a multiple of 64, ATen's ops their AVX-512 vector loops
+// and libtorch exporting the exp those loops call.
+inline bool gated_in_one_pass(bool vector, Gate gate, int64_t I) {
+  static const bool available = at::get_cpu_capability() == "AVX512" && sleef_exp_available();
+  return vector && gate != Gate::kGeluTanh && I % 64 == 0 && available;
 }
 #endif
 
@@ -161,7 +161,7 @@ at::Tensor mlp_output(const at::Tensor& h, const LowBitArgs& gate_up_weight,
   TORCH_CHECK(gate_up.size(1) % 2 == 0, "fused layer: gate|up has an odd number of outputs");
   const int64_t I = gate_up.size(1) / 2;
 #if defined(LUCEDESK_VNNI)
-  if (silu_in_one_pass(vector, gate, I))
+  if (gate == Gate::kSilu && gated_in_one_pass(vector, gate, I))
     return down_weight.times(
         quantize_silu_times_up(gate_up.data_ptr<c10::BFloat16>(), h.size(0), I), h.size(0), I,
         vector);

@@ -39,6 +39,46 @@ at::Tensor gated_pairs(const at::Tensor& gate_up, const MoEArgs& moe) {
   return at::mul(at::add(up, 1), at::mul(gate, at::sigmoid(at::mul(gate, moe.swiglu_alpha))));
 }
 
+#if defined(LUCEDESK_VNNI)
+// The pairs' gate|up rows [P, 2I] (pair p's expert experts[p]) -> act(gate) * up, made and
+// quantized for down in one pass with the bits of gated_pairs' ATen ops, the gate|up bias
+// added first as pairs.add_ adds it (each op's result a bfloat16: computed in floats,
+// rounded). The clamped SwiGLU: the limit a bfloat16 as ATen's clamp takes it, the
+// sigmoid 1 / (1 + exp(-x)) with libtorch's Sleef exp as ATen's vector sigmoid computes it.
+RowsQ8 quantize_gated_pairs(const at::Tensor& pairs, const int64_t* experts, const MoEArgs& moe) {
+  const int64_t P = pairs.size(0), I = pairs.size(1) / 2;
+  const c10::BFloat16* pp = pairs.data_ptr<c10::BFloat16>();
+  const at::Tensor bias = moe.gate_up_bias.has_value() ? moe.gate_up_bias->contiguous() : at::Tensor();
+  const c10::BFloat16* bp = bias.defined() ? bias.data_ptr<c10::BFloat16>() : nullptr;
+  const __m512 one = _mm512_set1_ps(1.f);
+  const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(int32_t(0x80000000u)));  // -x
+  const auto half = [&](int64_t row, int64_t j) {  // gate's or up's sixteen, bias added
+    const __m512 v = widen16(pp + row * 2 * I + j);
+    return bp ? bf16_rounded(_mm512_add_ps(v, widen16(bp + experts[row] * 2 * I + j))) : v;
+  };
+  if (moe.gate == Gate::kSilu)
+    return quantize_gated(P, I, [&](int64_t row, int64_t j) {
+      const __m512 x = half(row, j);
+      const __m512 e = Sleef_expf16_u10(_mm512_xor_ps(x, sign));
+      const __m512 act = bf16_rounded(_mm512_div_ps(x, _mm512_add_ps(one, e)));
+      return bf16_rounded(_mm512_mul_ps(act, half(row, j + I)));
+    });
+  TORCH_CHECK(moe.gate == Gate::kSwigluClamped, "moe mlp: no one pass for this activation");
+  const float limit = static_cast<float>(c10::BFloat16(static_cast<float>(moe.swiglu_limit)));
+  const __m512 high = _mm512_set1_ps(limit), low = _mm512_set1_ps(-limit);
+  const __m512 alpha = _mm512_set1_ps(static_cast<float>(moe.swiglu_alpha));
+  return quantize_gated(P, I, [&](int64_t row, int64_t j) {
+    const __m512 gate = bf16_rounded(_mm512_min_ps(high, half(row, j)));
+    const __m512 up = bf16_rounded(_mm512_min_ps(high, _mm512_max_ps(low, half(row, j + I))));
+    const __m512 x = bf16_rounded(_mm512_mul_ps(gate, alpha));
+    const __m512 e = Sleef_expf16_u10(_mm512_xor_ps(x, sign));
+    const __m512 sigmoid = bf16_rounded(_mm512_div_ps(one, _mm512_add_ps(one, e)));
+    const __m512 glu = bf16_rounded(_mm512_mul_ps(gate, sigmoid));
+    return bf16_rounded(_mm512_mul_ps(bf16_rounded(_mm512_add_ps(up, one)), glu));
+  });
+}
+#endif
+
 void check_moe(const at::Tensor& h, const MoEArgs& moe) {
   TORCH_CHECK(h.dim() == 2 && h.is_contiguous() && h.scalar_type() == at::kBFloat16,
               "moe mlp: h must be contiguous bfloat16 [T, H]");
@@ -78,26 +118,27 @@ at::Tensor moe_output(const at::Tensor& h, const MoEArgs& moe, bool vector) {
   const auto normed = [&] { return quantize_rows(h.data_ptr<c10::BFloat16>(), T, H); };
   at::Tensor pairs = lowbit_moe_rows(normed, T, H, rows.data(), flat, gu.q, gu.d, gu.m, gu.bits,
                                      vector, gu.lut);
-  // index_select, not index: a few rows gathered without an iterator or a parallel region
-  if (moe.gate_up_bias.has_value()) pairs.add_(moe.gate_up_bias->index_select(0, flat));
   const LowBitArgs& dn = moe.down;
   const int64_t I = pairs.size(1) / 2;
+  const int64_t* experts = flat.data_ptr<int64_t>();
   at::Tensor y;
 #if defined(LUCEDESK_VNNI)
-  if (silu_in_one_pass(vector, moe.gate, I)) {  // ATen's silu and mul bits, one pass
-    const auto gated = [&] {
-      return quantize_silu_times_up(pairs.data_ptr<c10::BFloat16>(), P, I);
-    };
+  if (gated_in_one_pass(vector, moe.gate, I)) {
+    const auto gated = [&] { return quantize_gated_pairs(pairs, experts, moe); };
     y = lowbit_moe_rows(gated, P, I, nullptr, flat, dn.q, dn.d, dn.m, dn.bits, vector, dn.lut);
   }
 #endif
-  if (!y.defined())
+  if (!y.defined()) {
+    // index_select, not index: a few rows gathered without an iterator or a parallel region
+    if (moe.gate_up_bias.has_value()) pairs.add_(moe.gate_up_bias->index_select(0, flat));
     y = lowbit_moe_linear(gated_pairs(pairs, moe).contiguous(), std::nullopt, flat, dn.q, dn.d,
                           dn.m, dn.bits, vector, dn.lut);
-  if (moe.down_bias.has_value()) y.add_(moe.down_bias->index_select(0, flat));
+  }
   // Each row's weighted sum in rank order, whatever else is in the batch: one pass doing
-  // what ATen's bfloat16 mul and add do per element (the product and the sum in float,
-  // each rounded to bfloat16), without their 2k - 1 calls.
+  // what ATen's bfloat16 add of the down bias, mul and add do per element (each sum and
+  // product in float, rounded to bfloat16), without their 2k + 1 calls.
+  const at::Tensor bias = moe.down_bias.has_value() ? moe.down_bias->contiguous() : at::Tensor();
+  const auto* bp = bias.defined() ? bias.data_ptr<c10::BFloat16>() : nullptr;
   at::Tensor out = at::empty({T, H}, y.options());
   const auto* yp = y.data_ptr<c10::BFloat16>();
   const auto* wp = weights.data_ptr<c10::BFloat16>();
@@ -106,16 +147,20 @@ at::Tensor moe_output(const at::Tensor& h, const MoEArgs& moe, bool vector) {
     for (int64_t t = begin; t < end; ++t) {
       const c10::BFloat16* own = yp + t * k * H;  // the row's k pairs
       const c10::BFloat16* w = wp + t * k;
+      const int64_t* chosen = experts + t * k;
       int64_t i = 0;
 #ifdef LUCEDESK_VNNI
-      // Sixteen outputs at a time, each product and sum rounded to bfloat16 as the scalar
+      // Sixteen outputs at a time, each sum and product rounded to bfloat16 as the scalar
       // ones below are (a prompt's rows spent a sixth of their time in the scalar loop).
+      const auto pair = [&](int64_t j) {  // pair j's outputs i .. i + 15, its bias added
+        const __m512 v = widen16(own + j * H + i);
+        return bp ? bf16_rounded(_mm512_add_ps(v, widen16(bp + chosen[j] * H + i))) : v;
+      };
       for (; i + 16 <= H; i += 16) {
-        __m512 sum = bf16_rounded(
-            _mm512_mul_ps(widen16(own + i), _mm512_set1_ps(static_cast<float>(w[0]))));
+        __m512 sum = bf16_rounded(_mm512_mul_ps(pair(0), _mm512_set1_ps(static_cast<float>(w[0]))));
         for (int64_t j = 1; j < k; ++j) {
-          const __m512 term = bf16_rounded(
-              _mm512_mul_ps(widen16(own + j * H + i), _mm512_set1_ps(static_cast<float>(w[j]))));
+          const __m512 term =
+              bf16_rounded(_mm512_mul_ps(pair(j), _mm512_set1_ps(static_cast<float>(w[j]))));
           sum = bf16_rounded(_mm512_add_ps(sum, term));
         }
         const __m512i high = _mm512_srli_epi32(_mm512_castps_si512(sum), 16);
@@ -123,9 +168,13 @@ at::Tensor moe_output(const at::Tensor& h, const MoEArgs& moe, bool vector) {
                             _mm512_cvtepi32_epi16(high));
       }
 #endif
+      const auto value = [&](int64_t j) {
+        const c10::BFloat16 v = own[j * H + i];
+        return bp ? v + bp[chosen[j] * H + i] : v;
+      };
       for (; i < H; ++i) {
-        c10::BFloat16 sum = own[i] * w[0];
-        for (int64_t j = 1; j < k; ++j) sum = sum + own[j * H + i] * w[j];
+        c10::BFloat16 sum = value(0) * w[0];
+        for (int64_t j = 1; j < k; ++j) sum = sum + value(j) * w[j];
         op[t * H + i] = sum;
       }
     }
