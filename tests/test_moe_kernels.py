@@ -173,6 +173,28 @@ def assert_one_call_is_both(block, x: torch.Tensor, alone: dict[str, list]) -> N
     assert one_call.abs().max() > 0
 
 
+def random_mixture(c: ModelConfig, bits: int, table, vector: bool, seed: int, bias_scale=0.1):
+    """A one-layer MoEBlock of config `c` with random router, biases (where `c` has them)
+    and experts held as `bits`-bit levels, and each expert's weights alone (LowBitWeight)."""
+    block = MoEBlock(c, torch.bfloat16).requires_grad_(False)
+    g = torch.Generator().manual_seed(seed)
+    block.router.copy_(torch.randn(c.num_experts, c.hidden_size, generator=g))
+    for bias in (block.router_bias, block.experts.gate_up_bias, block.experts.down_bias):
+        if bias is not None:
+            bias.copy_(torch.randn(bias.shape, generator=g) * bias_scale)
+    alone: dict[str, list] = {}
+    inter, hidden = c.moe_intermediate_size, c.hidden_size
+    for proj, (n, k) in (("gate_up", (2 * inter, hidden)), ("down", (hidden, inter))):
+        levels, d, m, _ = random_experts(c.num_experts, n, k, bits, seed * 7 + n)
+        held = GroupedLowBitWeight(c.num_experts, (n, k), bits, table, vector=vector)
+        alone[proj] = []
+        for e in range(c.num_experts):
+            held.set(e, levels[e], d[e], m[e])
+            alone[proj].append(LowBitWeight(levels[e], d[e], m[e], bits, vector, table))
+        block.experts.quantized[proj] = held
+    return block, alone
+
+
 MOE_CASES = 16
 
 
@@ -180,11 +202,11 @@ MOE_CASES = 16
 def test_the_one_call_mixture_equals_the_per_expert_path(case):
     """Randomized (experts 8-128, top-k 1-8, rows 1-16, 4-bit, MXFP4 and 8-bit experts,
     SiLU, tanh GELU and gpt-oss's clamped SwiGLU, either kernel path, biases or none, either
-    router; SiLU on the vector path with 64 or 128 intermediate outputs takes the one pass
-    that makes and quantizes silu(gate) * up): the C++ mixture in one call (csrc/moe.h), the
-    model's Python path (router, grouped passes, weighted sum) and every row computed alone
-    with each expert's weight alone give the same bits (float32 sums over bfloat16
-    activations)."""
+    router; SiLU and the clamped SwiGLU on the vector path with 64 or 128 intermediate
+    outputs take the one pass that makes and quantizes act(gate) * up, the gate|up bias
+    added in it): the C++ mixture in one call (csrc/moe.h), the model's Python path (router,
+    grouped passes, weighted sum) and every row computed alone with each expert's weight
+    alone give the same bits (float32 sums over bfloat16 activations)."""
     rng = np.random.default_rng(case)
     num_experts = int(rng.choice([8, 16, 32, 64, 128]))
     top_k = int(rng.integers(1, 9))
@@ -202,23 +224,36 @@ def test_the_one_call_mixture_equals_the_per_expert_path(case):
         norm_topk_prob=bool(case % 2), expert_bias=bool(case % 5 < 2),
         swiglu_limit=float(rng.uniform(0.5, 7.0)),
     )  # fmt: skip
-    block = MoEBlock(c, torch.bfloat16).requires_grad_(False)
-    g = torch.Generator().manual_seed(case)
-    block.router.copy_(torch.randn(num_experts, hidden, generator=g))
-    for bias in (block.router_bias, block.experts.gate_up_bias, block.experts.down_bias):
-        if bias is not None:
-            bias.copy_(torch.randn(bias.shape, generator=g) * 0.1)
-    alone: dict[str, list] = {}
-    for proj, (n, k) in (("gate_up", (2 * inter, hidden)), ("down", (hidden, inter))):
-        levels, d, m, _ = random_experts(num_experts, n, k, bits, case * 7 + n)
-        held = GroupedLowBitWeight(num_experts, (n, k), bits, table, vector=vector)
-        alone[proj] = []
-        for e in range(num_experts):
-            held.set(e, levels[e], d[e], m[e])
-            alone[proj].append(LowBitWeight(levels[e], d[e], m[e], bits, vector, table))
-        block.experts.quantized[proj] = held
+    block, alone = random_mixture(c, bits, table, vector, case)
+    g = torch.Generator().manual_seed(1000 + case)
     x = (torch.randn(rows, hidden, generator=g) * 2).bfloat16()
     assert_one_call_is_both(block, x, alone)
+
+
+@pytest.mark.skipif(not lowbit_vector_available(), reason="the one pass is the vector path's")
+@pytest.mark.parametrize("act", ["silu", "swiglu_clamped"])
+def test_the_gated_pass_has_atens_bits_at_every_magnitude(act):
+    """The one pass that makes and quantizes a mixture's act(gate) * up (with the gate|up
+    bias) gives the bits of ATen's ops from gates of ~1e-3 to thousands: the clamped
+    SwiGLU's limit reached on both sides, exp's overflow and underflow, rows of 1-16."""
+    hidden, inter = 64, 128
+    c = ModelConfig(
+        architecture="gpt-oss" if act == "swiglu_clamped" else "qwen3moe", vocab_size=32,
+        hidden_size=hidden, intermediate_size=inter, num_layers=1, num_heads=2,
+        num_kv_heads=1, head_dim=32, num_experts=8, num_experts_per_tok=4,
+        moe_intermediate_size=inter, hidden_act=act, router="softmax_topk",
+        norm_topk_prob=True, expert_bias=True, swiglu_limit=6.97,
+    )  # fmt: skip
+    for seed, (scale, rows) in enumerate([(0.01, 1), (1, 7), (30, 16), (300, 5), (3000, 16)]):
+        block, alone = random_mixture(c, 4, None, True, seed, bias_scale=scale / 10)
+        g = torch.Generator().manual_seed(1000 + seed)
+        x = (torch.randn(rows, hidden, generator=g) * scale).bfloat16()
+        assert_one_call_is_both(block, x, alone)
+        every = torch.arange(8).repeat(rows)
+        gate_up = block.experts.quantized["gate_up"](
+            x, every, torch.arange(rows).repeat_interleave(8)
+        )
+        assert gate_up.float().abs().max() > scale / 20  # the magnitudes reached the gates
 
 
 @pytest.mark.parametrize("vector", PATHS)
@@ -272,6 +307,12 @@ def test_the_one_call_mixture_refuses_what_it_cannot_take():
         fused.moe_mlp(x, "silu", router.bfloat16(), *args[1:])
     with pytest.raises(RuntimeError, match="not relu"):
         fused.moe_mlp(x, "relu", *args)
+    for biases in [
+        (None, torch.zeros(8, 32).bfloat16(), None),
+        (None, None, torch.zeros(8, 65).bfloat16()),
+    ]:
+        with pytest.raises(RuntimeError, match="expert biases are bfloat16 \\[experts, outputs\\]"):
+            fused.moe_mlp(x, "silu", router, held, down, biases, 2, False, 7.0, 1.7)
     levels, d, m, _ = random_experts(1, 64, 64, 4, 0)
     assert not fused.accepts_experts(held, LowBitWeight(levels[0], d[0], m[0], 4))
     assert not fused.accepts_experts(held, GroupedLowBitWeight(8, (64, 32), 4, vector=False))

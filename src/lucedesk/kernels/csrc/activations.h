@@ -123,12 +123,14 @@ inline __m512 bf16_rounded(__m512 v) {
 }
 
 // Rows of gate|up [M, 2I] (gate first) -> act(gate) * up, quantized as quantize_rows
-// quantizes rows, in one pass over the rows instead of one a ATen op: product(row, j) gives
-// the sixteen products of row's columns j .. j + 15, each the bfloat16 ATen's ops give,
-// widened. Where an op's AVX-512 loop and its scalar tail may differ in the last bit (an
-// exp), a row past its last multiple of 64 takes the tail: the callers take this pass
-// where I is a multiple of 64 (gated_in_one_pass). It gives a row the same bits whatever
-// its batch.
+// quantizes rows, in one pass over the rows instead of a pass for each ATen op:
+// product(row, j) gives the sixteen products of row's columns j .. j + 15, each the
+// bfloat16 ATen's ops give, widened. Where an op's AVX-512 loop and its scalar tail may
+// differ in the last bit (an exp), the values of a row, or of a thread's share of the rows,
+// past its last multiple of 64 take the tail: the callers take this pass where I is a
+// multiple of 64 (gated_in_one_pass), and ATen's result for a value can still depend on how
+// a big batch is split between threads; this pass gives a row the same bits whatever its
+// batch.
 template <typename Product>
 RowsQ8 quantize_gated(int64_t M, int64_t I, const Product& product) {
   const int64_t groups = I / 32;

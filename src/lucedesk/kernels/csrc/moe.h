@@ -2,11 +2,12 @@
 // row and their weights, the selected experts' gate|up matmul (lowbit_moe_rows: each
 // chosen expert's blocks read once for all the rows that chose it), the biases, the
 // activation, the down matmul and each row's weighted sum in the order the router ranked
-// its experts. The ATen ops and kernels are those models/moe.py's MoEBlock runs (the sum a
-// loop rounding as they round; SiLU and the product made and quantized for down in one pass
-// where that has ATen's bits, as mlp_output does), in its order on its values, so the
-// result has its bits; what the call saves is the Python and dispatch between ~25 small
-// calls a layer, which at one decode row cost more than the experts' memory traffic.
+// its experts. The ATen ops and kernels are those models/moe.py's MoEBlock runs, or passes
+// with their bits (the biases added and the weighted sum in loops rounding as they round;
+// SiLU or the clamped SwiGLU and the product made and quantized for down in one pass where
+// that has ATen's bits, as mlp_output does), in its order on its values, so the result has
+// its bits; what the call saves is the Python and dispatch between ~25 small calls a
+// layer, which at one decode row cost more than the experts' memory traffic.
 #pragma once
 
 #include "fused.h"  // LowBitArgs, Gate
@@ -90,10 +91,14 @@ void check_moe(const at::Tensor& h, const MoEArgs& moe) {
   TORCH_CHECK(moe.gate_up.q.dim() == 4 && moe.down.q.dim() == 4 && moe.gate_up.q.size(0) == E &&
                   moe.down.q.size(0) == E,
               "moe mlp: gate|up and down hold one weight per expert");
-  for (const auto& bias : {moe.gate_up_bias, moe.down_bias})
+  // Each bias as wide as its weight's outputs: the passes read them by row.
+  const std::pair<const std::optional<at::Tensor>&, int64_t> biases[] = {
+      {moe.gate_up_bias, moe.gate_up.q.size(1) * 16}, {moe.down_bias, moe.down.q.size(1) * 16}};
+  for (const auto& [bias, outputs] : biases)
     TORCH_CHECK(!bias.has_value() || (bias->dim() == 2 && bias->size(0) == E &&
+                                      bias->size(1) == outputs && bias->device().is_cpu() &&
                                       bias->scalar_type() == at::kBFloat16),
-                "moe mlp: expert biases are bfloat16 [experts, outputs]");
+                "moe mlp: expert biases are bfloat16 [experts, outputs] on the CPU");
 }
 
 // h [T, H] (normed) -> the mixture's output [T, H].
@@ -119,7 +124,7 @@ at::Tensor moe_output(const at::Tensor& h, const MoEArgs& moe, bool vector) {
   at::Tensor pairs = lowbit_moe_rows(normed, T, H, rows.data(), flat, gu.q, gu.d, gu.m, gu.bits,
                                      vector, gu.lut);
   const LowBitArgs& dn = moe.down;
-  const int64_t I = pairs.size(1) / 2;
+  [[maybe_unused]] const int64_t I = pairs.size(1) / 2;  // the one pass's
   const int64_t* experts = flat.data_ptr<int64_t>();
   at::Tensor y;
 #if defined(LUCEDESK_VNNI)
