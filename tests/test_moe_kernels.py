@@ -230,12 +230,13 @@ def test_the_one_call_mixture_equals_the_per_expert_path(case):
     assert_one_call_is_both(block, x, alone)
 
 
-@pytest.mark.skipif(not lowbit_vector_available(), reason="the one pass is the vector path's")
+@pytest.mark.parametrize("vector", PATHS)
 @pytest.mark.parametrize("act", ["silu", "swiglu_clamped"])
-def test_the_gated_pass_has_atens_bits_at_every_magnitude(act):
+def test_the_gated_pass_has_atens_bits_at_every_magnitude(act, vector):
     """The one pass that makes and quantizes a mixture's act(gate) * up (with the gate|up
-    bias) gives the bits of ATen's ops from gates of ~1e-3 to thousands: the clamped
-    SwiGLU's limit reached on both sides, exp's overflow and underflow, rows of 1-16."""
+    bias; the vector path's, the plain path runs ATen's ops) gives the bits of ATen's ops
+    from gates of ~1e-3 to thousands: the clamped SwiGLU's limit reached on both sides,
+    exp's overflow and underflow, rows of 1-16."""
     hidden, inter = 64, 128
     c = ModelConfig(
         architecture="gpt-oss" if act == "swiglu_clamped" else "qwen3moe", vocab_size=32,
@@ -245,7 +246,7 @@ def test_the_gated_pass_has_atens_bits_at_every_magnitude(act):
         norm_topk_prob=True, expert_bias=True, swiglu_limit=6.97,
     )  # fmt: skip
     for seed, (scale, rows) in enumerate([(0.01, 1), (1, 7), (30, 16), (300, 5), (3000, 16)]):
-        block, alone = random_mixture(c, 4, None, True, seed, bias_scale=scale / 10)
+        block, alone = random_mixture(c, 4, None, vector, seed, bias_scale=scale / 10)
         g = torch.Generator().manual_seed(1000 + seed)
         x = (torch.randn(rows, hidden, generator=g) * scale).bfloat16()
         assert_one_call_is_both(block, x, alone)

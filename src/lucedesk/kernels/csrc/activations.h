@@ -151,18 +151,25 @@ RowsQ8 quantize_gated(int64_t M, int64_t I, const Product& product) {
   return out;
 }
 
-// silu(gate) * up as ATen's vector silu and mul give it: x / (1 + exp(-x)) in floats with
-// libtorch's Sleef exp, rounded to bfloat16, times up (exact in a float), rounded. ATen's
-// own silu takes libm's exp past a row's last multiple of 64.
+// exp(-x) with libtorch's Sleef exp, as ATen's vector silu and sigmoid compute it.
+inline __m512 exp_negated16(__m512 x) {
+  return Sleef_expf16_u10(_mm512_xor_ps(x, _mm512_castsi512_ps(_mm512_set1_epi32(INT32_MIN))));
+}
+
+// silu(x) * up as ATen's vector silu and mul give it: x / (1 + exp(-x)) in floats, rounded
+// to bfloat16, times up (exact in a float), rounded.
+inline __m512 silu_times_up16(__m512 x, __m512 up) {
+  const __m512 act = bf16_rounded(_mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.f),
+                                                                 exp_negated16(x))));
+  return bf16_rounded(_mm512_mul_ps(act, up));
+}
+
+// Rows of gate|up [M, 2I] bfloat16 -> silu(gate) * up in one pass (ATen's own silu takes
+// libm's exp past a row's last multiple of 64).
 RowsQ8 quantize_silu_times_up(const c10::BFloat16* gate_up, int64_t M, int64_t I) {
-  const __m512 one = _mm512_set1_ps(1.f);
-  const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(int32_t(0x80000000u)));  // -x
   return quantize_gated(M, I, [&](int64_t row, int64_t j) {
     const c10::BFloat16* gate = gate_up + row * 2 * I + j;
-    const __m512 x = widen16(gate);
-    const __m512 e = Sleef_expf16_u10(_mm512_xor_ps(x, sign));
-    const __m512 act = bf16_rounded(_mm512_div_ps(x, _mm512_add_ps(one, e)));
-    return bf16_rounded(_mm512_mul_ps(act, widen16(gate + I)));
+    return silu_times_up16(widen16(gate), widen16(gate + I));
   });
 }
 #endif

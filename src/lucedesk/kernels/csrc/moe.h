@@ -51,29 +51,25 @@ RowsQ8 quantize_gated_pairs(const at::Tensor& pairs, const int64_t* experts, con
   const c10::BFloat16* pp = pairs.data_ptr<c10::BFloat16>();
   const at::Tensor bias = moe.gate_up_bias.has_value() ? moe.gate_up_bias->contiguous() : at::Tensor();
   const c10::BFloat16* bp = bias.defined() ? bias.data_ptr<c10::BFloat16>() : nullptr;
-  const __m512 one = _mm512_set1_ps(1.f);
-  const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(int32_t(0x80000000u)));  // -x
   const auto half = [&](int64_t row, int64_t j) {  // gate's or up's sixteen, bias added
     const __m512 v = widen16(pp + row * 2 * I + j);
     return bp ? bf16_rounded(_mm512_add_ps(v, widen16(bp + experts[row] * 2 * I + j))) : v;
   };
   if (moe.gate == Gate::kSilu)
     return quantize_gated(P, I, [&](int64_t row, int64_t j) {
-      const __m512 x = half(row, j);
-      const __m512 e = Sleef_expf16_u10(_mm512_xor_ps(x, sign));
-      const __m512 act = bf16_rounded(_mm512_div_ps(x, _mm512_add_ps(one, e)));
-      return bf16_rounded(_mm512_mul_ps(act, half(row, j + I)));
+      return silu_times_up16(half(row, j), half(row, j + I));
     });
   TORCH_CHECK(moe.gate == Gate::kSwigluClamped, "moe mlp: no one pass for this activation");
   const float limit = static_cast<float>(c10::BFloat16(static_cast<float>(moe.swiglu_limit)));
   const __m512 high = _mm512_set1_ps(limit), low = _mm512_set1_ps(-limit);
   const __m512 alpha = _mm512_set1_ps(static_cast<float>(moe.swiglu_alpha));
+  const __m512 one = _mm512_set1_ps(1.f);
   return quantize_gated(P, I, [&](int64_t row, int64_t j) {
     const __m512 gate = bf16_rounded(_mm512_min_ps(high, half(row, j)));
     const __m512 up = bf16_rounded(_mm512_min_ps(high, _mm512_max_ps(low, half(row, j + I))));
     const __m512 x = bf16_rounded(_mm512_mul_ps(gate, alpha));
-    const __m512 e = Sleef_expf16_u10(_mm512_xor_ps(x, sign));
-    const __m512 sigmoid = bf16_rounded(_mm512_div_ps(one, _mm512_add_ps(one, e)));
+    const __m512 sigmoid =
+        bf16_rounded(_mm512_div_ps(one, _mm512_add_ps(one, exp_negated16(x))));
     const __m512 glu = bf16_rounded(_mm512_mul_ps(gate, sigmoid));
     return bf16_rounded(_mm512_mul_ps(bf16_rounded(_mm512_add_ps(up, one)), glu));
   });
