@@ -44,7 +44,7 @@ from llama_cpp_build import (  # noqa: F401 (moe_peer reaches them here too)
 )
 
 from lucedesk.catalog.resolve import resolve
-from lucedesk.kernels.cpu_build import cpu_flags
+from lucedesk.isa import cpu_flags
 
 BENCH_DEFAULTS = {
     ("-n", "--num-requests"): "16",

@@ -12,17 +12,25 @@ from gguf import GGUFWriter, quants
 
 from tests.conftest import CHATML, SPECIALS, write_tokenizer
 
-# Block layouts of the K-quants: (bytes per 256 values, byte offsets of fp16 scale fields).
-K_QUANT_F16_FIELDS = {Q.Q4_K: (144, (0, 2)), Q.Q5_K: (176, (0, 2)), Q.Q6_K: (210, (208,))}
+# Block layouts gguf has no quantizer for: (values, bytes a block, byte offsets of its fp16
+# scale fields, the range those scales are drawn from).
+RANDOM_BLOCKS = {
+    Q.Q4_K: (256, 144, (0, 2), (0.00005, 0.0002)),
+    Q.Q5_K: (256, 176, (0, 2), (0.00005, 0.0002)),
+    Q.Q6_K: (256, 210, (208,), (0.00005, 0.0002)),
+    Q.IQ4_NL: (32, 18, (0,), (0.0002, 0.0008)),
+    Q.IQ4_XS: (256, 136, (0,), (0.00001, 0.00003)),
+}
 
 
 def random_k_quant(rows: int, cols: int, qtype: Q, rng: np.random.Generator) -> np.ndarray:
-    """Valid K-quant blocks with random contents (gguf has no K-quant quantizer): random
-    bytes, with each fp16 super-block scale set to a small finite value."""
-    block_bytes, f16_offsets = K_QUANT_F16_FIELDS[qtype]
-    blocks = rng.integers(0, 256, size=(rows * cols // 256, block_bytes), dtype=np.uint8)
+    """Valid blocks with random contents of a type gguf has no quantizer for (the
+    K-quants, IQ4_NL, IQ4_XS): random bytes, with each fp16 scale set to a small finite
+    value."""
+    values, block_bytes, f16_offsets, (low, high) = RANDOM_BLOCKS[qtype]
+    blocks = rng.integers(0, 256, size=(rows * cols // values, block_bytes), dtype=np.uint8)
     for off in f16_offsets:
-        scale = rng.uniform(0.00005, 0.0002, size=blocks.shape[0]).astype(np.float16)
+        scale = rng.uniform(low, high, size=blocks.shape[0]).astype(np.float16)
         blocks[:, off : off + 2] = scale.view(np.uint8).reshape(-1, 2)
     return blocks.reshape(rows, -1)
 
@@ -83,7 +91,7 @@ def write_gguf(
 
     def add(name: str, role: str, rows: int, cols: int) -> None:
         qtype = types.get(role, Q.F32)
-        if qtype in K_QUANT_F16_FIELDS:
+        if qtype in RANDOM_BLOCKS:
             w.add_tensor(name, random_k_quant(rows, cols, qtype, rng), raw_dtype=qtype)
             return
         data = (rng.standard_normal((rows, cols)) * 0.08).astype(np.float32)
@@ -235,7 +243,7 @@ def write_family_gguf(folder: Path, path: Path, arch: str, experts: Q = Q.F32) -
     for name, data in hf_to_gguf_tensors(folder, arch).items():
         if "_exps.weight" in name and experts != Q.F32:
             rows = data.reshape(-1, data.shape[-1])
-            if experts in K_QUANT_F16_FIELDS:
+            if experts in RANDOM_BLOCKS:
                 blocks = random_k_quant(*rows.shape, experts, rng)
             else:
                 blocks = quants.quantize(rows, experts)

@@ -123,6 +123,8 @@ MULTI_QUERY_CASES = [
     (2, 128, torch.bfloat16, 64, [(63, 1), (127, 5), (1000, 4), (10, 30)], 3, 3, False),
     (3, 64, torch.float16, 32, [(31, 5), (90, 2), (0, 3)], 2, 0, False),
     (2, 256, torch.float32, 16, [(17, 4), (0, 5)], 2, 9, False),
+    # a draft longer than a tile takes (4 heads of 256: four rows a tile): in five items
+    (4, 256, torch.bfloat16, 16, [(40, 17), (3, 9), (0, 2)], 2, 0, True),
 ]
 
 # The C++ kernel's bf16 scores for many query heads over a block come from its keys

@@ -184,6 +184,10 @@ def test_a_model_that_cannot_fit_is_refused_with_both_numbers(stores, tmp_path):
 
 
 def test_the_estimate_counts_weights_as_held_kv_and_the_reserve():
+    """Weights as the held-format rule holds them (catalog/held_formats.py): on a CPU with
+    the VNNI kernels a Q4_K_M file's blocks at their held sizes, the embedding in bf16 and
+    a tied head from its blocks; on an R9700 (Triton) every matmul weight and the
+    embedding as blocks, a tied head nothing more."""
     summary = ModelSummary(
         architecture="llama",
         params=1_000_000_000,
@@ -196,18 +200,26 @@ def test_the_estimate_counts_weights_as_held_kv_and_the_reserve():
         vocab_size=10_000,
         hidden_size=1000,
         tied_embeddings=True,
-        low_bit=True,
+        mlp_type="Q4_K",
+        matmul_numel={"Q4_K": 800_000_000, "Q6_K": 190_000_000},
+        embedding_type="Q6_K",
     )
     _, cpu, _ = profile.resolve("cpu", ["max_model_len=4096", "weights=q4"])
     need = estimate_memory(summary, cpu, "cpu", "bfloat16")
-    # the file's blocks less the embedding's share, the embedding in bf16, a 4-bit tied head
-    assert need.weights == 600_000_000 - 6_000_000 + 20_000_000 + 5_625_000
+    q4k, q6k = 0.59375, 0.828125  # the C++ kernels' Q4_K and Q6_K bytes a weight
+    head = int(10_000_000 * q6k)  # the tied LM head, held from the embedding's blocks
+    assert need.weight_format == "q4"
+    assert need.weights == int(800e6 * q4k) + int(190e6 * q6k) + 10_000_000 * 2 + head
     assert need.kv_tokens == 4096 and need.kv == 4096 * 2 * 10 * 2 * 64 * 2
     assert need.reserve == cpu.activation_reserve_mb << 20
     _, gpu, _ = profile.resolve("r9700")
     held = estimate_memory(summary, gpu, "cuda", "bfloat16")
-    assert held.weight_format == "dtype" and held.weights == 2_000_000_000
+    gpu_q4k, gpu_q6k = 0.5 + 2 / 32 + 4 / 256, 0.75 + 1 / 16 + 2 / 256
+    assert held.weight_format == "q4"
+    assert held.weights == int(800e6 * gpu_q4k) + int(190e6 * gpu_q6k) + int(10e6 * gpu_q6k)
     assert held.kv_tokens == 98304  # the profile's fixed pool
+    _, dense, _ = profile.resolve("r9700", ["weights=dtype"])
+    assert estimate_memory(summary, dense, "cuda", "bfloat16").weights == 2_000_000_000
     fit = Fit(cpu, "cpu", "bfloat16", need.total, unreadable)
     assert fit(summary) and fit.why_not(summary) is None
     tight = Fit(cpu, "cpu", "bfloat16", need.total - 1, unreadable)
@@ -281,5 +293,7 @@ def test_an_f32_file_and_a_file_of_unread_types_are_judged_by_their_tensors(tmp_
     _, config, _ = profile.resolve("cpu")
     fit = Fit(config, "cpu", "bfloat16", 1 << 40, unreadable)
     assert summary.tensor_types == ("F32",) and fit.why_not(summary) is None
-    summary.tensor_types = ("F32", "IQ4_XS")
-    assert "IQ4_XS are of a type lucedesk does not read" in fit.why_not(summary)
+    summary.tensor_types = ("F32", "IQ4_XS")  # read since IQ4 blocks are held
+    assert fit.why_not(summary) is None
+    summary.tensor_types = ("F32", "IQ3_S")
+    assert "IQ3_S are of a type lucedesk does not read" in fit.why_not(summary)

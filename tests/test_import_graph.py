@@ -17,7 +17,7 @@ MAX_LINES = 400
 # The layers, bottom first: a unit (a top-level module, or a package under lucedesk/) may
 # import its own modules and units of lower layers, never a unit of its own layer or above.
 LAYERS: list[set[str]] = [
-    {"lucedesk", "errors", "owner"},
+    {"lucedesk", "errors", "owner", "isa"},
     {"config", "kernels"},
     {"catalog"},
     {"profile", "engine"},

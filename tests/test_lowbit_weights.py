@@ -449,5 +449,44 @@ def test_q4_needs_a_four_bit_file(tiny_llama, four_bit_gguf, tmp_path):
         apply_weight_format(loaded.model, "q4", "cpu")
     assert apply_weight_format(loaded.model, "auto", "cpu") != "q4"
     fp32 = load_model(eight, torch.float32)
-    with pytest.raises(ConfigError, match="need the cpu kernels and a bfloat16 model"):
+    with pytest.raises(ConfigError, match="on the cpu kernels need a bfloat16 model"):
         apply_weight_format(fp32.model, "q4", "cpu")
+
+
+# IQ4 as 27B models are shared for 32 GB cards: IQ4_XS for most weights, IQ4_NL beside it.
+IQ4 = {
+    "token_embd": Q.Q8_0,
+    "output": Q.Q6_K,
+    "attn_q": Q.IQ4_XS,
+    "attn_k": Q.IQ4_XS,
+    "attn_v": Q.IQ4_NL,
+    "attn_output": Q.IQ4_XS,
+    "ffn_gate": Q.IQ4_XS,
+    "ffn_up": Q.IQ4_XS,
+    "ffn_down": Q.IQ4_NL,
+}
+
+
+def test_iq4_files_load_on_the_cpu_and_keep_their_values(tmp_path):
+    """An IQ4_XS file (IQ4_NL beside it) loads and is held as its 4-bit codes looked up in
+    IQ4's 16-entry table, each weight's values exactly the file's; `auto` takes it as q4
+    where the VNNI kernels run, and an engine on it answers."""
+    path = write_gguf(tmp_path / "iq4.gguf", IQ4)
+    loaded = load_model(path, torch.bfloat16)
+    model = loaded.model
+    before = {p: w.clone() for p, w in model.layers[1].projections().items()}
+    ids = torch.randint(0, loaded.config.vocab_size, (24,), generator=torch.Generator())
+    plain = logits(loaded, ids)
+    assert apply_weight_format(model, "q4", "cpu") == "q4"
+    for proj, weight in before.items():
+        held = model.layers[1].quantized[proj]
+        assert held.bits == 4 and held.lut is not None  # q|k|v: IQ4_XS and IQ4_NL, one table
+        assert torch.equal(held.dequantize().bfloat16(), weight)
+    got = logits(loaded, ids)
+    assert (got - plain).abs().max() <= 0.05 * plain.abs().max()
+    expected = "q4" if lowbit_vector_available() else "int8" if int8_tiles_available() else "dtype"
+    fresh = load_model(path, torch.bfloat16)
+    assert apply_weight_format(fresh.model, "auto", "cpu") == expected
+    engine = make_engine(fresh, kernels="cpu", weights="auto", max_slots=2, kv_pool_tokens=1024)
+    jobs = random_jobs(fresh, 2, 1, prompt_range=(4, 20), output_range=(4, 8), pressure=False)
+    assert [len(t) for t in run_jobs(engine, jobs)] == [j.params.max_tokens for j in jobs]

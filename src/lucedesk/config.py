@@ -23,6 +23,9 @@ class EngineConfig:
     # model's fit is checked with before it loads (catalog/fit.py).
     activation_reserve_mb: int = 512
     unified_memory: bool = False  # GPU memory is system RAM (APUs): derive from the smaller
+    # The memory (GiB) the profile's device gives lucedesk when nothing else runs on it:
+    # what a model's fit is judged by on a machine without that device (0: not judged).
+    device_memory_gb: float = 0.0
     max_model_len: int = 0  # 0 = the model's own context length
     max_num_batched_tokens: int = 512  # token budget of one step (decode rows + chunks)
     prefill_chunk_idle: int = 512  # prompt tokens per step while nothing decodes
@@ -107,10 +110,11 @@ class EngineConfig:
         slowdown = self.decode_slowdown
         if not isinstance(slowdown, int | float) or not (slowdown == 0 or slowdown > 1):
             raise fail("decode_slowdown", "must be 0 (fixed chunks) or a number above 1")
-        for key in ("disk_cache_gb", "weight_cache_gb"):
+        for key in ("disk_cache_gb", "weight_cache_gb", "device_memory_gb"):
             size = getattr(self, key)
             if not isinstance(size, int | float) or isinstance(size, bool) or size < 0:
-                raise fail(key, "must be a number of GB >= 0 (0: no cache on disk)")
+                zero = "none" if key == "device_memory_gb" else "no cache on disk"
+                raise fail(key, f"must be a number of GB >= 0 (0: {zero})")
         if not 0.0 < self.kv_memory_fraction <= 0.95:
             raise fail("kv_memory_fraction", "must be in (0, 0.95]")
         if self.dtype not in DTYPES:

@@ -3,7 +3,8 @@ the file's header (a ModelSummary) before anything is loaded, so a model that ca
 refused with both numbers instead of meeting the OOM killer halfway through its load, and a
 pull picks the largest quant that fits.
 
-    need = weights as the engine holds them   (file blocks, 8-bit levels or the dtype)
+    need = weights as the engine holds them   (catalog/held_formats.py: the file's blocks,
+                                                8-bit levels or the dtype)
          + KV cache                            (the profile's pool; a derived pool: one
                                                 full context at least)
          + the profile's activation reserve     (activations, logits, allocator slack)
@@ -17,14 +18,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from lucedesk.catalog import held_formats
+from lucedesk.catalog.held_formats import DTYPE_BYTES, HeldFormat
 from lucedesk.catalog.summary import ModelSummary
 from lucedesk.config import EngineConfig
 from lucedesk.errors import ConfigError
+from lucedesk.isa import cpu_flags, cpu_paths_from_flags
 
 MIB = 1 << 20
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-INT8_BYTES = 1.125  # a weight at 8 bits with a 16-bit scale per 32
-FOUR_BIT_HEAD = 0.5625  # a tied LM head from a 4-bit embedding: 4 bits + scale and minimum
 # The least KV a derived pool must hold for a model to count as fitting: a profile without
 # max_model_len runs a 131k-context model on whatever pool the memory left derives.
 LEAST_CONTEXT = 8192
@@ -72,15 +73,28 @@ def context_limit(config: EngineConfig, model_context: int) -> int:
     return min(config.max_model_len or model_context, model_context)
 
 
-def expected_weights(summary: ModelSummary, config: EngineConfig, device: str, dtype: str) -> str:
-    """The form the weights will take (build.apply_weight_format decides it from the loaded
-    model; this reads the same rule off the summary): the C++ kernels on a bf16 CPU model
-    hold a 4-bit file's blocks (q4) and other files at 8 bits; anything else is the dtype."""
-    if config.weights != "auto":
-        return config.weights
-    if device == "cpu" and config.kernels in ("auto", "cpu") and dtype == "bfloat16":
-        return "q4" if summary.low_bit else "int8"
-    return "dtype"
+def expected_kernels(config: EngineConfig, device: str) -> str:
+    """The kernels `config` runs on a device of this type: kernels.resolve_kernels' rule,
+    where a CPU's C++ kernels are taken to build (the machine's compiler is not asked)."""
+    if config.kernels != "auto":
+        return config.kernels
+    return "triton" if device == "cuda" else "cpu"
+
+
+def expected_weights(
+    summary: ModelSummary,
+    config: EngineConfig,
+    device: str,
+    dtype: str,
+    cpu_paths: frozenset[str] | None = None,
+) -> HeldFormat | None:
+    """The form the weights will take: the held-format rule (catalog/held_formats.py), the
+    one engine/build.py loads by, on this model's MLP type and this CPU's kernel paths
+    (`cpu_paths`, default: what its flags say the C++ kernels get). None: the dtype."""
+    if cpu_paths is None:
+        cpu_paths = cpu_paths_from_flags(cpu_flags())
+    kernels = expected_kernels(config, device)
+    return held_formats.choose(config.weights, kernels, dtype, summary.mlp_type, cpu_paths)
 
 
 @dataclass(slots=True, frozen=True)
@@ -96,24 +110,12 @@ class MemoryNeed:
         return self.weights + self.kv + self.reserve
 
 
-def weight_bytes(summary: ModelSummary, form: str, dtype: str) -> int:
-    """The weights as the engine holds them: every one in the dtype, or (q4, int8) the
-    matmuls and the LM head (a tied one is a second copy of the embedding) as the file's
-    4-bit blocks or at 8 bits, and the embedding table in the dtype."""
-    width = DTYPE_BYTES[dtype]
-    if form == "dtype":
-        return summary.params * width
-    embedding = summary.embedding_params
-    tied_head = embedding if summary.tied_embeddings else 0
-    if form == "q4" and summary.low_bit:
-        held = summary.low_bit_bytes or (  # read off the file's tensor table, else its size
-            summary.size_bytes
-            - embedding * summary.size_bytes // max(summary.params, 1)
-            + tied_head * FOUR_BIT_HEAD
-        )
-    else:
-        held = (summary.params - embedding + tied_head) * INT8_BYTES
-    return int(held + embedding * width)
+def weight_bytes(summary: ModelSummary, held: HeldFormat | None, dtype: str) -> int:
+    """The weights as the engine holds them (held_formats.held_bytes)."""
+    return held_formats.held_bytes(
+        held, dtype, summary.params, summary.matmuls(), summary.embedding(),
+        summary.tied_embeddings,
+    )  # fmt: skip
 
 
 def estimate(
@@ -126,14 +128,15 @@ def estimate(
     """What loading the model under `config` takes. The KV term is the profile's pool; a
     pool derived from free memory counts as `free_bytes` would derive it (None: the least a
     model is usable with: its context, at most LEAST_CONTEXT tokens)."""
-    form = expected_weights(summary, config, device, dtype)
-    weights = weight_bytes(summary, form, dtype)
+    held = expected_weights(summary, config, device, dtype)
+    weights = weight_bytes(summary, held, dtype)
     max_len = context_limit(config, summary.context)
     if config.kv_pool_tokens or free_bytes is None:
         tokens = config.kv_pool_tokens or min(max_len, LEAST_CONTEXT)
     else:
         tokens = max(derive_pool_tokens(config, summary, dtype, free_bytes - weights, max_len), 0)
     kv = tokens * kv_bytes_per_token(summary, dtype, config.kv_dtype)
+    form = held.name if held is not None else "dtype"
     return MemoryNeed(weights, kv, config.activation_reserve_mb * MIB, tokens, form)
 
 
@@ -155,7 +158,7 @@ def check_fits(
         shorter = "kv_pool_tokens" if config.kv_pool_tokens else "max_model_len"
         ways.append(f"a shorter context (--set {shorter}=4096)")
     if need.weight_format == "dtype" and device == "cuda":
-        ways.append("a smaller model (GPU profiles hold every weight in the model dtype)")
+        ways.append("a GGUF file of it (a GPU holds a GGUF file's blocks, other models in bf16)")
     raise ConfigError(
         f"{what} needs {gib(need.total)} ({gib(need.weights)} of weights as "
         f"{need.weight_format}, {gib(need.kv)} of KV cache for {need.kv_tokens} tokens, "
@@ -176,20 +179,38 @@ class Fit:
     dtype: str
     free_bytes: int  # free now, and what a running engine gives back on a switch
     unreadable: Callable[[ModelSummary], str | None] = lambda summary: None
+    # What `free_bytes` is where it is not what is free here now (a profile's device this
+    # machine lacks: its own memory), for a reader; "" otherwise.
+    where: str = ""
 
     def need(self, summary: ModelSummary) -> MemoryNeed:
         """The least the model takes: weights, one full context or the fixed pool, reserve."""
         return estimate(summary, self.config, self.device, self.dtype)
 
     def __call__(self, summary: ModelSummary) -> bool:
-        return self.need(summary).total <= self.free_bytes
+        try:
+            return self.need(summary).total <= self.free_bytes
+        except ConfigError:  # a named weight format that cannot hold this model
+            return False
 
     def why_not(self, summary: ModelSummary) -> str | None:
         """Why the model cannot run here (its kind, its block types, its size), or None."""
         problem = self.unreadable(summary)
         if problem is not None:
             return problem
-        need = self.need(summary)
+        try:
+            need = self.need(summary)
+        except ConfigError as exc:
+            return str(exc)
         if need.total > self.free_bytes:
             return f"needs {gib(need.total)}, {gib(self.free_bytes)} free"
         return None
+
+    def describe(self, summary: ModelSummary) -> str:
+        """What the model takes here, part by part: weights (and their form), KV, reserve."""
+        need = self.need(summary)
+        return (
+            f"{gib(need.total)}: {gib(need.weights)} of weights as {need.weight_format}, "
+            f"{gib(need.kv)} of KV cache for {need.kv_tokens} tokens, {gib(need.reserve)} "
+            "reserved"
+        )

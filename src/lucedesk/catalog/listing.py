@@ -16,7 +16,7 @@ from lucedesk.catalog.stores import LocalModel, local_models
 from lucedesk.catalog.summary import ModelSummary, summarize_path
 from lucedesk.errors import LucedeskError
 
-SUMMARY_CACHE_VERSION = 3  # 3: Q6_K weights counted at their own size (held at 6 bits)
+SUMMARY_CACHE_VERSION = 4  # 4: matmul values by type and the MLP type (held_formats)
 
 
 @dataclass(slots=True, frozen=True)

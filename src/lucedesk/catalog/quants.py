@@ -19,15 +19,24 @@ _LABEL = re.compile(
 # Files in GGUF repositories that are not language models.
 _NOT_MODELS = re.compile(r"mmproj|imatrix|(?:^|/)mtp-", re.IGNORECASE)
 
-# Labels whose every tensor is in a type lucedesk loads (gguf_blocks.SUPPORTED_TYPES): the
-# K-quants' _S/_M/_L mixes use Q4_K..Q8_0; Q2_K, Q3_K, the IQ and TQ types are not read.
+# Labels whose every tensor is in a type lucedesk loads (held_formats.READ_TYPES): the
+# K-quants' _S/_M/_L mixes use Q4_K..Q8_0, IQ4_XS files Q5_K..Q8_0 beside it; Q2_K, Q3_K,
+# the other IQ types and the TQ types are not read.
 LOADABLE = {
     "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q6_K", "Q6_K_L",
     "Q4_K_S", "Q4_K_M", "Q4_K_L", "Q5_K_S", "Q5_K_M", "Q5_K_L",
-    "MXFP4", "MXFP4_MOE", "BF16", "F16", "F32",
+    "IQ4_NL", "IQ4_XS", "MXFP4", "MXFP4_MOE", "BF16", "F16", "F32",
 }  # fmt: skip
 UNQUANTIZED = {"BF16", "F16", "F32"}
 DEFAULT_QUANT = "Q4_K_M"  # what llama.cpp and Ollama take where nothing is said
+
+
+def label_type(label: str) -> str:
+    """The GGUF type most of a quant's weights are in, from its label: Q4_K_M -> Q4_K,
+    UD-Q4_K_XL -> Q4_K, MXFP4_MOE -> MXFP4, IQ4_XS -> IQ4_XS; "" where it names none."""
+    label = label.upper().removeprefix("UD-")
+    match = re.match(r"(I?Q[1-8]_(?:K|[0-9]|NL|XS|XXS|S|M)|MXFP4|BF16|F16|F32|TQ[12]_0)", label)
+    return match[1] if match else ""
 
 
 def quant_label(path: str) -> str | None:

@@ -33,6 +33,7 @@ from lucedesk.catalog.quants import (
     describe,
     find_quant,
     human_size,
+    label_type,
     quants_of,
 )
 from lucedesk.catalog.stores import find_local
@@ -243,10 +244,13 @@ def _quant_fits(
         return None
 
     def quant_fits(q: Quant) -> bool:
-        low_bit = q.label.startswith(("Q4", "Q5_0", "Q5_1", "MXFP4"))
+        # The shape from the header read; the types from the quant's label (its tensor
+        # table is not read): every matmul weight in the type the label names.
+        kind = label_type(q.label)
         quant = dataclasses.replace(
-            base, size_bytes=q.size, quant=q.label, low_bit=low_bit, low_bit_bytes=0
-        )
+            base, size_bytes=q.size, quant=q.label, mlp_type=kind, matmul_numel={},
+            embedding_type=kind,
+        )  # fmt: skip
         return fits(quant)
 
     return quant_fits

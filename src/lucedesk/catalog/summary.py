@@ -7,19 +7,12 @@ from __future__ import annotations
 import json
 import math
 import struct
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from lucedesk.catalog.gguf_header import Header, read_header, split_parts
+from lucedesk.catalog.quants import label_type
 from lucedesk.errors import ModelLoadError
-
-# GGUF tensor types whose blocks a 4-bit weight holds as they are (gguf_blocks.FOUR_BIT_TYPES,
-# and a mixture's MXFP4 experts); with the 5-bit ones, the types whose files the engine
-# holds as 4-bit weights (gguf_blocks.LOW_BIT_TYPES: 5-bit blocks at 8 bits). Q6_K blocks
-# are held at 6 bits, about their own size too.
-FOUR_BIT_TENSOR_TYPES = ("Q4_0", "Q4_1", "Q4_K", "MXFP4")
-LOW_BIT_TENSOR_TYPES = (*FOUR_BIT_TENSOR_TYPES, "Q5_0", "Q5_1")
-HELD_AS_IS_TYPES = (*FOUR_BIT_TENSOR_TYPES, "Q6_K")
 
 
 @dataclass(slots=True)
@@ -35,10 +28,13 @@ class ModelSummary:
     vocab_size: int
     hidden_size: int
     tied_embeddings: bool  # the LM head is the embedding table
-    low_bit: bool  # its first layer's MLP is in a 4- or 5-bit type (the engine's q4 rule)
-    # Its matmul weights and LM head (a tied one too) as 4-bit weights hold them: 4-bit
-    # blocks as stored, others at 8 bits (1.125 bytes a weight); 0: no tensor table read.
-    low_bit_bytes: int = 0
+    # The GGUF type of its first layer's MLP weights (its experts' in a mixture), what the
+    # held-format rule goes by (catalog/held_formats.py); "" for a Hugging Face folder.
+    mlp_type: str = ""
+    # Its matmul weights (the LM head among them, the embedding table not) by GGUF type:
+    # how many values of each; empty where no tensor table was read (see `matmuls`).
+    matmul_numel: dict[str, int] = field(default_factory=dict)
+    embedding_type: str = ""  # the embedding table's GGUF type
     tensor_types: tuple[str, ...] = ()  # GGML's names of the types its tensors are in
     name: str = ""  # what the file calls the model (general.name), if anything
     chat_template: bool = True  # the file carries one
@@ -46,6 +42,19 @@ class ModelSummary:
     @property
     def embedding_params(self) -> int:
         return self.vocab_size * self.hidden_size
+
+    def matmuls(self) -> dict[str, int]:
+        """The matmul weights' values by GGUF type: the tensor table's count, else (a quant
+        known by its label and size alone, a Hugging Face folder: type "") every parameter
+        but the embedding's in the type the label names."""
+        if self.matmul_numel:
+            return dict(self.matmul_numel)
+        kind = label_type(self.quant) or self.mlp_type
+        return {kind: max(self.params - self.embedding_params, 0)}
+
+    def embedding(self) -> tuple[str, int]:
+        """The embedding table's GGUF type ("" where unknown) and values."""
+        return self.embedding_type or label_type(self.quant), self.embedding_params
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -88,15 +97,17 @@ def summarize_gguf(
     hidden, heads = num("embedding_length"), num("attention.head_count")
     names = {t.name for t in tensors}
     vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens") or [])
-    matmuls = [t for t in tensors if len(t.shape) >= 2 and t.name != "token_embd.weight"]
-
-    def as_low_bit(t) -> int:
-        return t.nbytes if t.type_name in HELD_AS_IS_TYPES else t.numel * 9 // 8
-
-    held = sum(as_low_bit(t) for t in matmuls)
+    # The weights a held format holds: every 2-D (or an expert's 3-D) tensor but the
+    # embedding table and the routers (float32 in the model).
+    matmuls = [
+        t
+        for t in tensors
+        if len(t.shape) >= 2 and t.name != "token_embd.weight" and "ffn_gate_inp" not in t.name
+    ]
+    matmul_numel: dict[str, int] = {}
+    for t in matmuls:
+        matmul_numel[t.type_name] = matmul_numel.get(t.type_name, 0) + t.numel
     embedding = next((t for t in tensors if t.name == "token_embd.weight"), None)
-    if "output.weight" not in names and embedding is not None:
-        held += as_low_bit(embedding)  # the tied LM head, held from the embedding's blocks
     first_mlp = next(
         (t for t in tensors if t.name in ("blk.0.ffn_gate.weight", "blk.0.ffn_gate_exps.weight")),
         None,
@@ -105,7 +116,8 @@ def summarize_gguf(
     params = sum(t.numel for t in tensors)
     if declared > len(tensors):  # a split model's first part alone: scale by its bytes
         share = size_bytes / (sum(t.nbytes for t in tensors) or 1)
-        params, held = int(params * share), int(held * share)
+        params = int(params * share)
+        matmul_numel = {k: int(v * share) for k, v in matmul_numel.items()}
     return ModelSummary(
         architecture=arch,
         params=params,
@@ -118,8 +130,9 @@ def summarize_gguf(
         vocab_size=int(vocab),
         hidden_size=hidden,
         tied_embeddings="output.weight" not in names,
-        low_bit=first_mlp is not None and first_mlp.type_name in LOW_BIT_TENSOR_TYPES,
-        low_bit_bytes=held,
+        mlp_type=first_mlp.type_name if first_mlp is not None else "",
+        matmul_numel=matmul_numel,
+        embedding_type=embedding.type_name if embedding is not None else "",
         tensor_types=tuple(sorted({t.type_name for t in tensors})),
         name=str(meta.get("general.name") or ""),
         chat_template=bool(meta.get("tokenizer.chat_template")),
@@ -184,7 +197,6 @@ def summarize_folder(folder: Path) -> ModelSummary:
             vocab_size=int(text["vocab_size"]),
             hidden_size=hidden,
             tied_embeddings=bool(raw.get("tie_word_embeddings", text.get("tie_word_embeddings"))),
-            low_bit=False,
             name=folder.name,
             chat_template=_folder_has_template(folder),
         )

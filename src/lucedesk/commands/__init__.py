@@ -33,6 +33,7 @@ def build_from_args(args: argparse.Namespace, stage=None) -> BuiltEngine:
     name = model.name or model.path.name
     stage(f"loading {name}" + (f"; {notice}" if notice else ""))
     built = launch_engine(model.path, config, name=model.name, chat_template=template)
+    say(f"lucedesk: weights held as {built.held} on {built.device}, {built.kernels} kernels")
     settle()
     return built
 
@@ -155,11 +156,13 @@ def bench(args: argparse.Namespace) -> int:
 def show_profiles(args: argparse.Namespace) -> int:
     from lucedesk import profile
     from lucedesk.catalog.fit import kv_bytes_per_token, pool_basis
+    from lucedesk.catalog.summary import summarize_path
     from lucedesk.config import field_names
     from lucedesk.engine import (
-        available_memory,
         check_device,
         dtype_name,
+        fit_now,
+        memory_basis,
         read_model_config,
         resolve_device,
         resolve_dtype,
@@ -176,7 +179,8 @@ def show_profiles(args: argparse.Namespace) -> int:
         print(f" {mark} {name:<12} {p.description}  [{where}]")
     print(f"\n{why}")
     chosen, config, _ = engine_config(args)
-    model_config = read_model_config(resolve_model_arg(args, config, need_device=False).path)
+    model_path = resolve_model_arg(args, config, need_device=False).path
+    model_config = read_model_config(model_path)
     dtype = dtype_name(resolve_dtype(config.dtype, resolve_device(config.device)))
     max_len = min(
         config.max_model_len or model_config.max_position_embeddings,
@@ -189,7 +193,7 @@ def show_profiles(args: argparse.Namespace) -> int:
 
     try:
         check_device(config)
-        free = available_memory(resolve_device(config.device), config.unified_memory)
+        free, memory = memory_basis(resolve_device(config.device), config.unified_memory)
         pool, basis = pool_basis(config, model_config, dtype, free, max_len)
     except ConfigError as exc:  # a profile for a device this machine lacks: what it would take
         pool = (config.kv_pool_tokens or config.max_slots * max_len) // config.block_size
@@ -198,8 +202,17 @@ def show_profiles(args: argparse.Namespace) -> int:
             "kv_pool_tokens" if config.kv_pool_tokens else f"{config.max_slots} slots x {max_len}"
         )
         basis = f"{most} tokens at most, the free memory measured on the device ({exc})"
+        memory = f"not on this machine ({exc})"
+        if config.device_memory_gb:
+            memory = f"{config.device_memory_gb:g} GiB, the profile's device's; {memory}"
+    print(f"\n  memory                   {memory}")
+    try:
+        held = held_line(fit_now(config), summarize_path(model_path))
+    except ConfigError as exc:  # a GPU this machine lacks and the profile says nothing of
+        held = str(exc)
+    print(f"  held weights             {held}")
     kv_type = "int8 + scales" if config.kv_dtype == "int8" else dtype
-    print(f"\n  KV bytes per token       {per_token} ({kv_type})")
+    print(f"  KV bytes per token       {per_token} ({kv_type})")
     print(f"  KV pool                  {pool} tokens ({pool * per_token / 2**20:.0f} MiB): {basis}")
     if resolve_device(config.device).type == "cpu":
         print("                           reserved, not written: resident as blocks are used")
@@ -208,6 +221,20 @@ def show_profiles(args: argparse.Namespace) -> int:
     print(f"  prefix cache on disk     {disk_cache_line(config)}")
     print(f"  held weights on disk     {weight_cache_line(config)}")
     return 0
+
+
+def held_line(fit, summary) -> str:
+    """The form the model's weights take under the profile, and what they and the rest need
+    (catalog/held_formats.py, as the loader holds them)."""
+    from lucedesk.catalog.fit import expected_weights
+    from lucedesk.errors import ConfigError
+
+    try:
+        held = expected_weights(summary, fit.config, fit.device, fit.dtype)
+    except ConfigError as exc:
+        return str(exc)
+    form = f"{held.name} ({held.description})" if held else f"dtype ({fit.dtype})"
+    return f"{form}; the model needs {fit.describe(summary)}"
 
 
 def weight_cache_line(config) -> str:

@@ -103,7 +103,8 @@ def list_models(args: argparse.Namespace) -> int:
     from lucedesk.engine import fit_now
 
     _, config, _ = engine_config(args)
-    rows = listed(fit_now(config).why_not)
+    fit = fit_now(config)
+    rows = listed(fit.why_not)
     if args.json:
         print(json.dumps([r.as_dict() for r in rows], indent=2))
         return 0
@@ -128,4 +129,6 @@ def list_models(args: argparse.Namespace) -> int:
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
     for row in table:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
+    if fit.where:
+        say(f"fits judged by {fit.where}")
     return 0

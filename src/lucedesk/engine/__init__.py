@@ -44,6 +44,7 @@ if TYPE_CHECKING:
         available_memory,
         dtype_name,
         fit_now,
+        memory_basis,
         return_free_memory,
         unreadable,
     )
@@ -60,7 +61,15 @@ _BUILD_NAMES = (
     "wait_for_writers",
     "weight_cache_root",
 )
-_MEMORY_NAMES = ("available_memory", "dtype_name", "fit_now", "return_free_memory", "unreadable")
+_MEMORY_NAMES = (
+    "available_memory",
+    "dtype_name",
+    "fit_now",
+    "memory_basis",
+    "memory_basis",
+    "return_free_memory",
+    "unreadable",
+)
 
 __all__ = [
     "HARMONY_ENDS",
@@ -94,6 +103,7 @@ __all__ = [
     "available_memory",
     "dtype_name",
     "fit_now",
+    "memory_basis",
     "return_free_memory",
     "unreadable",
     "resolve_device",

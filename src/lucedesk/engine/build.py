@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -14,19 +15,15 @@ import torch
 
 from lucedesk.catalog.fingerprint import model_fingerprint
 from lucedesk.catalog.fit import check_fits, kv_bytes_per_token, pool_basis
+from lucedesk.catalog.held_formats import HeldFormat, choose
+from lucedesk.catalog.summary import ModelSummary, summarize_path
 from lucedesk.config import EngineConfig
 from lucedesk.engine import weight_cache
 from lucedesk.engine.device import resolve_device, resolve_dtype
 from lucedesk.engine.disk_cache import DiskPrefixCache, disk_cache_root, model_key
 from lucedesk.engine.engine import Engine, ModelInfo
+from lucedesk.engine.held_weights import apply_weight_format, cpu_paths, describe
 from lucedesk.engine.memory import available_memory, dtype_name, return_free_memory
-from lucedesk.engine.models.decoder import DecoderModel, Projection
-from lucedesk.engine.models.expert_weights import (
-    experts_fit,
-    materialize_dense,
-    quantize_experts,
-)
-from lucedesk.engine.models.gguf_blocks import LOW_BIT_TYPES
 from lucedesk.engine.models.loader import LoadedModel, load_model
 from lucedesk.engine.runner import TorchSeqEngine
 from lucedesk.engine.scheduler import Scheduler
@@ -53,6 +50,7 @@ class BuiltEngine:
     weights: str
     pool_bytes: int = 0  # the KV pool's memory
     pool_basis: str = ""  # why the pool holds pool_tokens (catalog.fit.pool_basis)
+    held: str = ""  # how the weights are held, by kind (held_weights.describe)
 
 
 def check_device(config: EngineConfig) -> torch.device:
@@ -76,6 +74,12 @@ def check_device(config: EngineConfig) -> torch.device:
             )
     if config.kernels == "cpu" and device.type != "cpu":
         raise ConfigError(f"kernels 'cpu' run on the CPU, not on device {config.device!r}")
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    if config.kernels == "triton" and device.type == "cpu" and not interpreted:
+        raise ConfigError(
+            "kernels 'triton' run on a GPU; on the CPU only in Triton's interpreter, slowly "
+            "(to check the GPU kernels' arithmetic): start with TRITON_INTERPRET=1"
+        )
     return device
 
 
@@ -89,33 +93,52 @@ def build_engine(
     """The engine for a model file or folder; `name` is what it is called (its file's stem
     by default), `chat_template` replaces the file's own template. With `check_fit`, one
     that cannot fit the memory free is refused before it loads (catalog/fit.py)."""
-    from lucedesk.catalog.summary import summarize_path
-
     device = check_device(config)
     dtype = resolve_dtype(config.dtype, device)
     if config.num_threads and device.type == "cpu":
         torch.set_num_threads(config.num_threads)
     path = Path(model_path).expanduser()
-    if check_fit and path.exists():  # a missing one is the loader's to report
+    summary = summarize_path(path) if path.exists() else None  # a missing one: the loader's
+    if check_fit and summary is not None:
         free = available_memory(device, config.unified_memory)
         what = name or path.name
-        check_fits(summarize_path(path), config, device.type, dtype_name(dtype), free, what)
+        check_fits(summary, config, device.type, dtype_name(dtype), free, what)
     # Held weights from an earlier start, mapped (engine/weight_cache.py), where kept.
     cache = held_weights_file(path, config, device, dtype)
     if cache is not None:
         weight_cache.sweep(cache.parent)
     cached = cache is not None and cache.is_file()
-    read = dict(name=name, chat_template=chat_template, lazy_experts=True)
+    # A GGUF file's matmul weights stay in it until their form is chosen (assemble), each
+    # then read alone: as blocks, levels or dense, straight to the device.
+    held = _expected_format(summary, config, device, dtype)
+    read = dict(
+        name=name, chat_template=chat_template, lazy_experts=True, lazy_weights=True,
+        lazy_embedding=held is not None and held.embedding,
+    )  # fmt: skip
     loaded = load_model(path, dtype, read_weights=not cached, **read)
     if cached and not weight_cache.load(loaded.model, cache):
         cached = False
         loaded = load_model(path, dtype, **read)
-    # A GGUF mixture's experts stay in the file until their format is chosen (assemble).
     loaded.model.to(device)
     built = assemble(loaded, config, device)
     if cache is not None and not cached and built.weights in ("q4", "int8"):
         weight_cache.save_in_background(loaded.model, cache, config.weight_cache_gb)
     return built
+
+
+def _expected_format(
+    summary: ModelSummary | None, config: EngineConfig, device: torch.device, dtype: torch.dtype
+) -> HeldFormat | None:
+    """The held format the rule gives for this file before it loads (what `assemble` will
+    apply; None where it is the dtype or the setting cannot be met, which assemble says)."""
+    if summary is None:
+        return None
+    kernels = resolve_kernels(config.kernels, device)
+    paths = cpu_paths() if kernels == "cpu" else frozenset()
+    try:
+        return choose(config.weights, kernels, dtype_name(dtype), summary.mlp_type, paths)
+    except ConfigError:
+        return None
 
 
 def held_weights_file(
@@ -220,8 +243,9 @@ def assemble(loaded: LoadedModel, config: EngineConfig, device: torch.device) ->
         kernels,
     )
     return BuiltEngine(
-        engine, loaded, device, model.dtype, pool_tokens, kernels, weights, pool_bytes, basis
-    )
+        engine, loaded, device, model.dtype, pool_tokens, kernels, weights, pool_bytes, basis,
+        describe(model),
+    )  # fmt: skip
 
 
 def open_disk_cache(
@@ -249,135 +273,3 @@ def open_disk_cache(
     )
     log.info("prefix cache on disk: %s (%.2f s)", disk.folder, time.perf_counter() - started)
     return disk
-
-
-def apply_weight_format(model: DecoderModel, wanted: str, kernels: str) -> str:
-    """Puts the matmul weights in the configured format; returns the format in use.
-
-    Decode streams every weight each step, so fewer bytes a weight is speed. Both formats
-    run in the C++ CPU kernels on bf16 activations:
-    - q4: a GGUF file's blocks as they are: 4-bit ones (Q4_0, Q4_1, Q4_K) at 4 bits, 0.5625
-      to 0.75 bytes a weight; Q5_0, Q5_1 and Q8_0 ones (and a fused weight with such a
-      part) at 8 bits, 1.125 bytes where the scales are float16 (1.0625 for Q8_0's, whose m
-      is implied; 1.25 where a Q4_K part's are not); Q6_K ones at 6 bits, 0.83 bytes (their
-      int8 scales per sixteen inputs as they are); a weight in any other type (Q5_K,
-      float, or Q6_K fused with another type) at 8 bits from its values, 1.25 bytes
-      (`_maker` logs which were held how);
-    - int8: an affine scale per 32 inputs, 1.125 to 1.25 bytes a weight (the file's levels
-      where its blocks are grids, as for q4 but all at 8 bits), on the VNNI kernels
-      wherever they run; on AMX tiles only where they do not: the tile kernel widens every
-      weight to bfloat16 each call, which a long prompt's rows share (a 2,048-token prompt
-      ~15% faster) and one decode row pays alone (a step twice as long), and the layer
-      stack (kernels/cpu_stack.py) takes the VNNI kernels' weights only.
-    `auto` takes q4 where the VNNI kernels run for a file in Q4_0, Q4_1, Q4_K, Q5_0 or
-    Q5_1; else int8 where VNNI or AMX tiles run it fast, else the model dtype. A mixture's
-    experts take the same format (expert_weights.py: the file's own 4-bit, MXFP4 or 8-bit
-    levels where it has them)."""
-    from lucedesk.kernels.quantized import (
-        LowBitWeight,
-        int8_tiles_available,
-        lowbit_vector_available,
-    )
-
-    usable = kernels == "cpu" and model.dtype == torch.bfloat16
-    weights = model.projection_weights()
-    if wanted == "auto" and model.weight_format != "dtype":
-        wanted = model.weight_format  # already chosen (an engine rebuilt on the same weights)
-    if wanted == "auto":
-        whole = all(LowBitWeight.fits(tuple(w.shape)) for w in weights) and experts_fit(model)
-        if usable and whole and lowbit_vector_available() and _low_bit_file(model):
-            wanted = "q4"
-        elif usable and whole and (int8_tiles_available() or lowbit_vector_available()):
-            wanted = "int8"
-        else:
-            wanted = "dtype"
-    if wanted == model.weight_format:
-        if wanted == "dtype" and model.expert_source is not None:
-            materialize_dense(model)  # experts left in the file until now
-        return wanted
-    if wanted not in ("int8", "q4"):
-        raise ConfigError(
-            f"the loaded model's weights are {model.weight_format}; load it again for {wanted!r}"
-        )
-    if not usable:
-        raise ConfigError(
-            f"weights {wanted!r} need the cpu kernels and a bfloat16 model "
-            f"(kernels {kernels}, dtype {str(model.dtype).removeprefix('torch.')})"
-        )
-    odd = [tuple(w.shape) for w in weights if w.shape[1] % LowBitWeight.GROUP]
-    odd += [] if experts_fit(model) else ["experts' weights"]
-    if odd:
-        raise ConfigError(
-            f"weights {wanted!r} need matmul inputs in multiples of {LowBitWeight.GROUP} "
-            f"(this model has {odd[0]})"
-        )
-    if wanted == "q4" and not _low_bit_file(model):
-        raise ConfigError(
-            "weights 'q4' need a GGUF file whose projections are in a 4- or 5-bit type "
-            f"({', '.join(LOW_BIT_TYPES)}; a mixture's experts also MXFP4); "
-            f"this model's are {_first_type(model) or 'not from a GGUF file'}"
-        )
-    started = time.perf_counter()
-    model.quantize(wanted, _maker(model, wanted))
-    quantize_experts(model, wanted)
-    log.info("weights held as %s in %.1f s", wanted, time.perf_counter() - started)
-    return wanted
-
-
-def _first_type(model: DecoderModel) -> str | None:
-    """The type of the first layer's MLP weights in the file (its experts' in a mixture)."""
-    if model.layers[0].moe is not None and model.expert_source is not None:
-        return model.expert_source.type_name(0, "gate_up")
-    source = model.block_source
-    return None if source is None else source(0, "gate_up_proj").type_name
-
-
-def _low_bit_file(model: DecoderModel) -> bool:
-    """Whether the file holds the first layer's MLP weights in a 4- or 5-bit type
-    (LOW_BIT_TYPES), or in MXFP4 for a mixture's experts."""
-    if model.layers[0].moe is not None:
-        return _first_type(model) in (*LOW_BIT_TYPES, "MXFP4")
-    source = model.block_source
-    return source is not None and all(t in LOW_BIT_TYPES for t in source(0, "gate_up_proj").types)
-
-
-def _maker(
-    model: DecoderModel, wanted: str
-) -> Callable[[int | None, str, torch.Tensor], Projection]:
-    """Each weight as the file's levels where its blocks are grids (FileBlocks.bits): for
-    q4 at 4 bits where every part is in a 4-bit type, at 6 where every part is Q6_K, else
-    (and for int8) at 8 bits, the scales float16 where the file's are (int8 takes a Q6_K
-    weight from its values); any other weight at 8 bits from its values. int8 where the
-    VNNI kernels do not run (Int8Weight: on AMX tiles, or in plain rows) takes every weight
-    from its values. One notice (the LM head comes last) says how many weights were held
-    which way, by type."""
-    from lucedesk.kernels.quantized import Int8Weight, LowBitWeight, lowbit_vector_available
-
-    source = model.block_source
-    low_bit = wanted == "q4" or lowbit_vector_available()
-    held: dict[tuple[str, str], int] = {}
-
-    def make(layer: int | None, proj: str, w: torch.Tensor) -> Projection:
-        blocks = None if source is None else source(layer, proj)
-        if not (low_bit and LowBitWeight.fits(w.shape)):
-            made: Projection = Int8Weight(w)
-            how = "at 8 bits from their values"
-        elif (
-            blocks is not None and blocks.bits is not None and (wanted == "q4" or blocks.bits != 6)
-        ):
-            bits = blocks.bits if wanted == "q4" else 8
-            levels, d, m, *factors = blocks.levels
-            made = LowBitWeight(levels, d, m, bits=bits, factors=tuple(factors) or None)
-            how = f"at {bits} bits as the file's levels"
-        else:
-            made = LowBitWeight.from_float(w)
-            how = "at 8 bits from their values"
-        kinds = blocks.types if blocks is not None else [str(w.dtype).removeprefix("torch.")]
-        kind = "+".join(dict.fromkeys(kinds))
-        held[how, kind] = held.get((how, kind), 0) + 1
-        if layer is None:
-            ways = "; ".join(f"{n} {how} ({kind})" for (how, kind), n in sorted(held.items()))
-            log.info("weights %s: matmul weights held %s", wanted, ways)
-        return made
-
-    return make

@@ -13,7 +13,7 @@ def resolve_device(name: str) -> torch.device:
 
 def cpu_has_fast_bf16() -> bool:
     # AVX512-BF16 / AMX hardware: oneDNN runs bf16 matmuls natively there.
-    from lucedesk.kernels.cpu_build import cpu_flags
+    from lucedesk.isa import cpu_flags
 
     flags = cpu_flags().split()
     return "avx512_bf16" in flags or "amx_bf16" in flags

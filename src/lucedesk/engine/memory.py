@@ -22,15 +22,35 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def available_memory(device: torch.device, unified: bool = False) -> int:
-    """Bytes free for the KV pool now (after the weights are in place). On a unified-memory
-    APU the GPU allocates from system RAM, so the smaller of the two counts."""
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"device {device}: this machine's torch sees no GPU")
-        free, _total = torch.cuda.mem_get_info(device)
-        if unified:
-            return min(int(free), available_memory(torch.device("cpu")))
-        return int(free)
+    """Bytes free for the KV pool now (after the weights are in place): `memory_basis`'s."""
+    return memory_basis(device, unified)[0]
+
+
+def memory_basis(device: torch.device, unified: bool = False) -> tuple[int, str]:
+    """Bytes free on the device now, and which number that is. On a unified-memory APU
+    (Strix Halo) the GPU allocates from system RAM: its driver's free count (which on
+    recent ROCm adds the GTT beyond the BIOS's carve-out, so it can exceed the total it
+    reports) and the system's available memory, the smaller of the two."""
+    if device.type != "cuda":
+        system = _system_available()
+        return system, f"{_gib(system)} of system memory available"
+    if not torch.cuda.is_available():
+        raise ConfigError(f"device {device}: this machine's torch sees no GPU")
+    free, total = (int(v) for v in torch.cuda.mem_get_info(device))
+    said = f"{_gib(free)} free by the GPU's driver (of {_gib(total)} it reports"
+    said += ": GTT beyond its carve-out)" if free > total else ")"
+    if not unified:
+        return free, said
+    system = _system_available()
+    smaller = "that" if free <= system else "the system's"
+    return min(free, system), f"{said}, {_gib(system)} of system memory available: {smaller}"
+
+
+def _gib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**30:.1f} GiB"
+
+
+def _system_available() -> int:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
@@ -76,8 +96,17 @@ def unreadable(summary: ModelSummary) -> str | None:
 
 def fit_now(config: EngineConfig, given_back: int = 0) -> Fit:
     """Whether models fit the device `config` names, with the memory free there now (and
-    `given_back`: what a running engine frees on a switch)."""
+    `given_back`: what a running engine frees on a switch); on a machine without that GPU,
+    by the profile's own `device_memory_gb` where it has one (else the ConfigError)."""
     device = resolve_device(config.device)
-    free = available_memory(device, config.unified_memory) + given_back
+    try:
+        free = available_memory(device, config.unified_memory) + given_back
+    except ConfigError as exc:
+        if not config.device_memory_gb:
+            raise
+        free = int(config.device_memory_gb * 2**30)
+        dtype = "bfloat16" if config.dtype == "auto" else config.dtype
+        what = f"{config.device_memory_gb:g} GiB, the profile's device's (this machine: {exc})"
+        return Fit(config, device.type, dtype, free, unreadable, where=what)
     dtype = dtype_name(resolve_dtype(config.dtype, device))
     return Fit(config, device.type, dtype, free, unreadable)

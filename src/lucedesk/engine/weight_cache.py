@@ -47,6 +47,10 @@ PACKERS = (
     "lucedesk.engine.models.expert_weights",
     "lucedesk.engine.models.weights",
     "lucedesk.engine.build",
+    "lucedesk.engine.held_weights",
+    "lucedesk.engine.formats.cpu_levels",
+    "lucedesk.catalog.held_formats",
+    "lucedesk.kernels.blocks",
     "lucedesk.kernels.quantized",
     "lucedesk.kernels.levels",
     "lucedesk.kernels.scales",
@@ -78,9 +82,9 @@ def weight_cache_root() -> Path:
 def cache_file(model_path: Path, weights: str, dtype: torch.dtype) -> Path:
     """Where the held weights of this model, weight setting and dtype on this CPU live."""
     from lucedesk import __version__
-    from lucedesk.kernels.quantized import int8_tiles_available, lowbit_vector_available
+    from lucedesk.engine.held_weights import cpu_paths
 
-    paths = (lowbit_vector_available(), int8_tiles_available())
+    paths = sorted(cpu_paths())  # the C++ kernels' paths the held-format rule went by
     key = "|".join(map(str, (weights, dtype, paths, __version__, packing_digest())))
     tail = hashlib.sha256(key.encode()).hexdigest()[:16]
     return weight_cache_root() / f"{model_fingerprint(model_path)[:32]}-{tail}{SUFFIX}"

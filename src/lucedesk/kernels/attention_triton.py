@@ -33,6 +33,10 @@ from lucedesk.kernels.kv_storage import check_scales
 from lucedesk.kernels.metadata import AttentionMetadata
 
 BLOCKS_PER_SPLIT = 16  # KV blocks one program covers before the context is split
+# The most query rows x heads times head_dim one tile takes (a drafted decode's rows beyond
+# it go to more work items): more spilled registers on gfx1151 (fp32 tiles: a quarter).
+MAX_TILE = 64
+MAX_TILE_VALUES = 4096
 
 
 @triton.jit
@@ -96,11 +100,9 @@ def _attention_split_kernel(
     s = tl.arange(0, BLOCK_SIZE)
     heads = kv_head * GROUP + g
     live = (g < GROUP) & (qi < n)
-    q = tl.load(
-        q_ptr + rows.to(tl.int64)[:, None] * q_stride_t + heads[:, None] * q_stride_h + d[None, :],
-        mask=live[:, None],
-        other=0.0,
-    ).to(DOT_DTYPE)  # [TILE, HEAD_DIM]
+    q_rows = q_ptr + rows.to(tl.int64)[:, None] * q_stride_t + heads[:, None] * q_stride_h
+    CHUNK: tl.constexpr = min(64, HEAD_DIM)
+    dc = tl.arange(0, CHUNK)
 
     m = tl.full([TILE], float("-inf"), tl.float32)
     l_sum = tl.zeros([TILE], tl.float32)
@@ -109,9 +111,17 @@ def _attention_split_kernel(
     for b in range(first, last):
         block = tl.load(block_tables_ptr + seq.to(tl.int64) * max_blocks_per_seq + b)
         cache_rows = (head_base + block) * BLOCK_SIZE + s  # [BLOCK_SIZE]
-        k = tl.load(k_cache_ptr + cache_rows[:, None] * HEAD_DIM + d[None, :]).to(DOT_DTYPE)
-        v = tl.load(v_cache_ptr + cache_rows[:, None] * HEAD_DIM + d[None, :]).to(DOT_DTYPE)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [TILE, BS]
+        # q.k over head_dim in chunks of 64, in a loop that is not unrolled, each q chunk
+        # read again (volatile: not hoisted out of the loop over blocks): a q tile kept whole
+        # in registers, as the matrix instructions lay it out, spilled on gfx1151, and
+        # unrolled chunks in fp32 (no matrix instructions there) spilled on both AMD targets.
+        scores = tl.zeros([TILE, BLOCK_SIZE], tl.float32)
+        for c in tl.range(0, HEAD_DIM, CHUNK, num_stages=1):
+            q = tl.load(q_rows + c + dc[None, :], mask=live[:, None], other=0.0, volatile=True)
+            k = tl.load(k_cache_ptr + cache_rows[:, None] * HEAD_DIM + c + dc[None, :])
+            scores += tl.dot(q.to(DOT_DTYPE), tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION)
+        scores = scores * scale  # [TILE, BS]
+        v_rows = v_cache_ptr + cache_rows[:, None] * HEAD_DIM
         if QUANTIZED:  # int8 rows: each key's scale (the level products are exact)
             scores = scores * tl.load(k_scale_ptr + cache_rows)[None, :]
         key = b * BLOCK_SIZE + s
@@ -127,7 +137,8 @@ def _attention_split_kernel(
             p = p * tl.load(v_scale_ptr + cache_rows)[None, :]
         if EMULATE_BF16:  # what p.to(bf16) does on a GPU, in the interpreter's fp32 tiles
             p = round_to_bf16(p)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        v = tl.load(v_rows + d[None, :]).to(DOT_DTYPE)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=PRECISION)
         m = m_new
 
     out = (rows * num_heads + heads) * num_splits + split
@@ -146,50 +157,74 @@ def _attention_reduce_kernel(
     num_heads,
     num_splits,
     HEAD_DIM: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,
+    CHUNK: tl.constexpr,
     HAS_SINKS: tl.constexpr,
+    EMULATE_BF16: tl.constexpr,
 ):
+    # The splits CHUNK at a time (a 128k context has 512), merged as an online softmax
+    # merges blocks. Splits past this row's context hold m = -inf and add nothing.
     row = tl.program_id(0)
     head = tl.program_id(1)
-    sp = tl.arange(0, SPLITS_PAD)
+    sp = tl.arange(0, CHUNK)
     d = tl.arange(0, HEAD_DIM)
     base = (row * num_heads + head) * num_splits
-    valid = sp < num_splits
-    m = tl.load(part_m_ptr + base + sp, mask=valid, other=float("-inf"))
-    l_sum = tl.load(part_l_ptr + base + sp, mask=valid, other=0.0)
-    acc = tl.load(
-        part_acc_ptr + (base + sp)[:, None] * HEAD_DIM + d[None, :], mask=valid[:, None], other=0.0
-    )
-    m_all = tl.max(m, 0)
+    m_all = tl.full([], float("-inf"), tl.float32)
+    total = tl.zeros([], tl.float32)
+    o = tl.zeros([HEAD_DIM], tl.float32)
+    for s0 in range(0, num_splits, CHUNK):
+        valid = s0 + sp < num_splits
+        m = tl.load(part_m_ptr + base + s0 + sp, mask=valid, other=float("-inf"))
+        l_sum = tl.load(part_l_ptr + base + s0 + sp, mask=valid, other=0.0)
+        rows = (base + s0 + sp)[:, None] * HEAD_DIM + d[None, :]
+        acc = tl.load(part_acc_ptr + rows, mask=valid[:, None], other=0.0)
+        m_new = tl.maximum(m_all, tl.max(m, 0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        kept = tl.exp(m_all - m_safe)
+        w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_safe))
+        total = total * kept + tl.sum(l_sum * w, 0)
+        o = o * kept + tl.sum(acc * w[:, None], 0)
+        m_all = m_new
     if HAS_SINKS:  # the head's sink logit joins the denominator, with no value
         sink = tl.load(sinks_ptr + head)
-        m_all = tl.maximum(m_all, sink)
-    # Splits past this row's context hold m = -inf and contribute nothing.
-    w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_all))
-    total = tl.sum(l_sum * w, 0)
-    if HAS_SINKS:
-        total += tl.exp(sink - m_all)
-    o = tl.sum(acc * w[:, None], 0) / total
-    tl.store(out_ptr + (row * num_heads + head) * HEAD_DIM + d, o.to(out_ptr.dtype.element_ty))
+        m_new = tl.maximum(m_all, sink)
+        kept = tl.exp(m_all - m_new)
+        total = total * kept + tl.exp(sink - m_new)
+        o = o * kept
+    out = narrow(o / total, out_ptr.dtype.element_ty, EMULATE_BF16)
+    tl.store(out_ptr + (row * num_heads + head) * HEAD_DIM + d, out)
 
 
-def _dot_dtype(dtype: torch.dtype):
+def _dot_dtype(dtype: torch.dtype, interpret: bool | None = None):
     """The tile dtype of the kernel's matmuls: the cache's own, except bf16 under Triton's
     interpreter (see `interpreting_bf16`)."""
-    if interpreting_bf16(dtype):
+    if interpreting_bf16(dtype, interpret):
         return tl.float32
     return {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[
         dtype
     ]
 
 
-def interpreting_bf16(dtype: torch.dtype) -> bool:
+def interpreting_bf16(dtype: torch.dtype, interpret: bool | None = None) -> bool:
     """The one special case of these kernels. Triton's interpreter computes bf16 dots as
     garbage (numpy has no bf16) and narrows fp32 to bf16 by truncation. So there, bf16 tiles
     are widened to fp32 (exact) and the probabilities a GPU rounds to bf16 before the P.V
     dot are rounded by `round_to_bf16` instead: the same arithmetic a GPU does (bf16 inputs,
-    fp32 accumulation), up to the order of the sums."""
-    return dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
+    fp32 accumulation), up to the order of the sums. `interpret`: whether kernels run in
+    the interpreter (None: TRITON_INTERPRET says; False: as on a GPU, compile_targets')."""
+    if interpret is None:
+        interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    return dtype == torch.bfloat16 and interpret
+
+
+@triton.jit
+def narrow(x, dtype: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """float32 x to `dtype` as a GPU narrows it, to the nearest value; in the interpreter's
+    bf16 (EMULATE_BF16) rounded first as `round_to_bf16` rounds (written out here: each
+    nested call costs the interpreter milliseconds), which its truncating cast keeps."""
+    if EMULATE_BF16:
+        bits = x.to(tl.uint32, bitcast=True)
+        x = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+    return x.to(dtype)
 
 
 @triton.jit
@@ -239,14 +274,28 @@ def _check_rows(name: str, t: torch.Tensor) -> None:
         )
 
 
-def _work_items(meta: AttentionMetadata) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+def max_tile(dtype: torch.dtype, head_dim: int) -> int:
+    """The most query rows x heads a tile of this dtype and head size takes."""
+    values = MAX_TILE_VALUES // (4 if dtype == torch.float32 else 1)
+    return max(16, min(MAX_TILE, values // head_dim))
+
+
+def _work_items(
+    meta: AttentionMetadata, group_pad: int, dtype: torch.dtype, head_dim: int
+) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
     """(first row, number of rows) per work item, and the rows a tile holds, per launch: one
     launch for the decode sequences with several rows (a drafted decode, its rows tiled
-    together), one for every other row alone (so a prompt chunk's rows pay no padding)."""
+    together, at most MAX_TILE rows x heads a tile: a longer draft's rows in several
+    items), one for every other row alone (so a prompt chunk's rows pay no padding)."""
     device = meta.seq_lens.device
     starts, nd = meta.query_start_cpu, meta.num_decodes
-    lens = [b - a for a, b in zip(starts[:nd], starts[1 : nd + 1])]
-    rows_pad = triton.next_power_of_2(max(lens, default=1))
+    most = max(1, max_tile(dtype, head_dim) // group_pad)
+    items = [
+        (row, min(most, end - row))
+        for start, end in zip(starts[:nd], starts[1 : nd + 1])
+        for row in range(start, end, most)
+    ]
+    rows_pad = triton.next_power_of_2(max((n for _, n in items), default=1))
     if rows_pad == 1:  # no drafts: every row is its own item
         rows = torch.arange(meta.num_tokens, dtype=torch.int32, device=device)
         return [(rows, torch.ones_like(rows), 1)]
@@ -254,12 +303,43 @@ def _work_items(meta: AttentionMetadata) -> list[tuple[torch.Tensor, torch.Tenso
     def tensor(values) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int32, device=device)
 
-    decodes = (tensor(starts[:nd]), tensor(lens), rows_pad)
+    decodes = (tensor([r for r, _ in items]), tensor([n for _, n in items]), rows_pad)
     first = meta.num_decode_tokens
     if first == meta.num_tokens:
         return [decodes]
     rows = torch.arange(first, meta.num_tokens, dtype=torch.int32, device=device)
     return [decodes, (rows, torch.ones_like(rows), 1)]
+
+
+def attention_constants(
+    dtype: torch.dtype,
+    group: int,
+    rows_pad: int,
+    head_dim: int,
+    block_size: int,
+    quantized: bool,
+    interpret: bool | None = None,
+) -> dict:
+    """The split kernel's constexprs for one launch: a tile of `rows_pad` query rows times
+    the group's query heads (at least 16 rows: tl.dot's least), the dtypes of its dots."""
+    group_pad = triton.next_power_of_2(group)
+    tile = max(16, rows_pad * group_pad)
+    return dict(
+        GROUP=group,
+        GROUP_PAD=group_pad,
+        TILE=tile,
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
+        BLOCKS_PER_SPLIT=BLOCKS_PER_SPLIT,
+        # fp32 stays exact (no TF32); half types multiply exactly in any case. "ieee" is the
+        # one precision every target takes (AMD's have no TF32).
+        PRECISION="ieee",
+        DOT_DTYPE=_dot_dtype(dtype, interpret),
+        EMULATE_BF16=interpreting_bf16(dtype, interpret),
+        QUANTIZED=quantized,
+        # Eight warps where a tile is big (four spilled on gfx1151 from 32 x 128) and in fp32.
+        num_warps=4 if tile * head_dim <= 2048 and dtype != torch.float32 else 8,
+    )
 
 
 def paged_attention(
@@ -303,7 +383,10 @@ def paged_attention(
     part_m = torch.empty(num_tokens, num_heads, splits, dtype=torch.float32, device=q.device)
     part_l = torch.empty_like(part_m)
     group_pad = triton.next_power_of_2(group)
-    for item_row, item_len, rows_pad in _work_items(meta):
+    for item_row, item_len, rows_pad in _work_items(meta, group_pad, q.dtype, head_dim):
+        constants = attention_constants(
+            q.dtype, group, rows_pad, head_dim, block_size, k_scale is not None
+        )
         _attention_split_kernel[(item_row.shape[0], kv_heads, splits)](
             q,
             k_cache,
@@ -326,17 +409,7 @@ def paged_attention(
             num_blocks,
             block_tables.shape[1],
             splits,
-            GROUP=group,
-            GROUP_PAD=group_pad,
-            TILE=max(16, rows_pad * group_pad),  # tl.dot takes at least 16 rows
-            HEAD_DIM=head_dim,
-            BLOCK_SIZE=block_size,
-            BLOCKS_PER_SPLIT=BLOCKS_PER_SPLIT,
-            # fp32 stays exact (no TF32); half types use the tensor cores.
-            PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-            DOT_DTYPE=_dot_dtype(q.dtype),
-            EMULATE_BF16=interpreting_bf16(q.dtype),
-            QUANTIZED=k_scale is not None,
+            **constants,
         )
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     _attention_reduce_kernel[(num_tokens, num_heads)](
@@ -347,8 +420,15 @@ def paged_attention(
         out,
         num_heads,
         splits,
-        HEAD_DIM=head_dim,
-        SPLITS_PAD=max(2, triton.next_power_of_2(splits)),
-        HAS_SINKS=sinks is not None,
+        **reduce_constants(head_dim, sinks is not None, q.dtype),
     )
     return out
+
+
+def reduce_constants(head_dim: int, sinks: bool, dtype: torch.dtype, interpret=None) -> dict:
+    return dict(
+        HEAD_DIM=head_dim,
+        CHUNK=16,
+        HAS_SINKS=sinks,
+        EMULATE_BF16=interpreting_bf16(dtype, interpret),
+    )

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from lucedesk.isa import cpu_flags
+
 log = logging.getLogger(__name__)
 
 SOURCES = Path(__file__).with_name("csrc")
@@ -54,18 +56,6 @@ def cache_dir() -> Path:
 
     root = os.environ.get("LUCEDESK_KERNEL_CACHE") or user_cache_dir("lucedesk")
     return Path(root) / "kernels"
-
-
-def cpu_flags() -> str:
-    """The CPU's feature flags as /proc/cpuinfo lists them (x86 "flags", Arm "Features"),
-    else what `platform` knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def _build_command(compiler: str, source: Path, output: Path) -> list[str]:

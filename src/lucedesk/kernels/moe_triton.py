@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lucedesk.kernels.attention_triton import _dot_dtype
+from lucedesk.kernels.attention_triton import _dot_dtype, interpreting_bf16, narrow
 
 BLOCK_M = 16  # decode batches give experts a few rows each: small row tiles waste least
 BLOCK_N = 64
@@ -43,6 +43,7 @@ def _grouped_linear_kernel(
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
+    EMULATE_BF16: tl.constexpr,
 ):
     tile = tl.program_id(0)
     if tile >= tl.load(num_tiles_ptr):
@@ -71,7 +72,7 @@ def _grouped_linear_kernel(
         acc += tl.dot(a, tl.trans(b), input_precision=PRECISION)
     tl.store(
         out_ptr + rows[:, None] * out_stride + cols[None, :],
-        acc.to(out_ptr.dtype.element_ty),
+        narrow(acc, out_ptr.dtype.element_ty, EMULATE_BF16),
         mask=row_ok[:, None] & col_ok[None, :],
     )
 
@@ -125,10 +126,19 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) 
         weight.stride(0),
         weight.stride(1),
         out.stride(0),
+        **grouped_constants(x.dtype),
+    )
+    return out
+
+
+def grouped_constants(dtype: torch.dtype, interpret: bool | None = None) -> dict:
+    """The constexprs of a launch: the tiles, and the dots' dtype (fp32 tiles for bf16 in
+    the interpreter) and precision ("ieee": exact fp32, the one every target takes)."""
+    return dict(
         BLOCK_M=BLOCK_M,
         BLOCK_N=BLOCK_N,
         BLOCK_K=BLOCK_K,
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        DOT_DTYPE=_dot_dtype(x.dtype),  # fp32 tiles for bf16 in the interpreter
+        PRECISION="ieee",
+        DOT_DTYPE=_dot_dtype(dtype, interpret),
+        EMULATE_BF16=interpreting_bf16(dtype, interpret),
     )
-    return out

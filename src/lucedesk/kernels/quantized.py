@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from lucedesk.kernels.blocks import IQ4_VALUES
 from lucedesk.kernels.checks import require
 from lucedesk.kernels.cpu_build import KernelUnavailable, load_cpu_ops
 from lucedesk.kernels.levels import (
@@ -48,6 +49,8 @@ from lucedesk.kernels.scales import (
 # MXFP4 (e2m1) codes as levels: code c is 2 * value(c) + 12, so with d = scale / 2 and
 # m = -12 d, w = d * level + m is exactly the code's value times the block's scale.
 MXFP4_LEVELS = (12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0)
+# IQ4_NL's and IQ4_XS's codes as levels: code c is table[c] + 128, with m = -128 d.
+IQ4_LEVELS = tuple(v + 128 for v in IQ4_VALUES)
 
 
 def _cpu_has(probe: str) -> bool:

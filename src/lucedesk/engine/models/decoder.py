@@ -137,6 +137,8 @@ class DecoderModel(nn.Module):
         # (a GGUF file's expert tensors, see families.ExpertSource).
         self.expert_source: Any = None
         self.lm_head_quantized: Projection | None = None
+        # The embedding table held in a format of its own (a GPU's blocks): its rows by id.
+        self.embedding_held: Any = None
         self.requires_grad_(False)
 
     def use_kernels(self, kernels: Kernels) -> None:
@@ -211,7 +213,10 @@ class DecoderModel(nn.Module):
         """input_ids, positions: [num_tokens] -> hidden: [num_tokens, hidden] (before the
         final norm; `compute_logits` applies it to the rows that need logits)."""
         c = self.config
-        x = F.embedding(input_ids, self.embed_tokens)  # [T, H]
+        if self.embedding_held is not None:
+            x = self.embedding_held.rows(input_ids, self.dtype)  # [T, H]
+        else:
+            x = F.embedding(input_ids, self.embed_tokens)  # [T, H]
         if self.embedding_scale != 1.0:
             x = x * self.embedding_scale
         tables = {FULL: self.rotary[FULL](positions)}
@@ -269,6 +274,8 @@ class DecoderLayer(nn.Module):
         self.moe = MoEBlock(c, dtype) if c.is_moe_layer(index) else None
         self.mlp = None if self.moe is not None else DenseMLP(c, dtype)
         self.quantized: dict[str, Projection] = {}
+        # Each projection's [N, K], kept while its weight is in its file or held otherwise.
+        self.shapes = {name: tuple(p.shape) for name, p in self.projections().items()}
         # The kernels' fused calls for each half around attention, where they take it.
         self.fused_input: Any = None
         self.fused_mlp: Any = None
@@ -346,7 +353,11 @@ class DecoderLayer(nn.Module):
             )  # fmt: skip
         else:
             h, residual = kernels.add_rms_norm(x, residual, self.ffn_norm, eps)
-            x = self.moe(h, kernels) if self.moe is not None else self.mlp(h, self.project)
+            x = (
+                self.moe(h, kernels)
+                if self.moe is not None
+                else self.mlp(h, self.project, self.quantized.get("gate_up_proj"))
+            )
         if c.sandwich_norms:
             x, _ = kernels.add_rms_norm(x, None, self.ffn_out_norm, eps)
         return x, residual

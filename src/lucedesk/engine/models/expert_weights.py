@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from lucedesk.engine.models.decoder import DecoderModel
-from lucedesk.engine.models.gguf_blocks import LEVEL_TYPES, Levels
+from lucedesk.engine.models.gguf_blocks import LEVEL_TYPES, BlockPart, Levels
 from lucedesk.engine.models.moe import EXPERT_PROJECTIONS
 
 log = logging.getLogger(__name__)
@@ -33,6 +33,15 @@ class GGUFExperts:
         """One expert's [N, K] weight in float32 (gate rows before up rows)."""
         parts = self.gguf.expert_tensors(layer, proj)
         return torch.cat([self.gguf.dequantize_expert(t, expert) for t in parts])
+
+    def stacked_parts(self, layer: int, proj: str) -> list[BlockPart]:
+        """The 3-D tensors behind `proj` (gate then up), each as one [experts x rows, cols]
+        part: the experts' blocks one after the other, as the file holds them."""
+        parts = []
+        for t in self.gguf.expert_tensors(layer, proj):
+            count, rows, cols = t.shape
+            parts.append(BlockPart(self.gguf.raw(t), t.type_name, (count * rows, cols)))
+        return parts
 
     def levels(self, layer: int, proj: str, expert: int) -> Levels | None:
         """One expert's weight as the file's levels, or None where its blocks are not a

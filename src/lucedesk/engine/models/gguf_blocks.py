@@ -21,6 +21,13 @@ blocks hold it, for the low-bit kernels to take as is (`block_levels`).
     Q6_K (210 bytes / 256): 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales
                            (one per sixteen values), fp16 d; value = d * scale * (level - 32),
                            level in 0..63: 6-bit levels with d and m per sixteen values.
+    IQ4_NL (18 bytes / 32): fp16 d, 16 bytes of nibbles (as Q4_0's), each a code of a
+                           16-entry non-linear table; value = d * table[code]. As levels:
+                           code -> table[code] + 128 (kernels.quantized.IQ4_LEVELS), m = -128 d.
+    IQ4_XS (136 bytes / 256): fp16 d, 6-bit scales for eight groups of 32 (their low 4 bits
+                           in 4 bytes, high 2 in a uint16), 128 bytes of nibbles, a group's
+                           16 bytes as IQ4_NL's; value = d * (scale - 32) * table[code]: as
+                           IQ4_NL's levels, each group's d its own (float32, exact).
 
 In Q4_0, Q4_1, Q5_0, Q5_1 and MXFP4 a block's byte j of nibbles holds value j (low nibble)
 and j + 16 (high); in Q4_K each 32 bytes hold two groups, the low nibbles the first.
@@ -37,27 +44,16 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from lucedesk.kernels.quantized import MXFP4_LEVELS
+from lucedesk.catalog.held_formats import LOW_BIT_TYPES, READ_TYPES
+from lucedesk.kernels.blocks import iq4_xs_scales, q6_k_levels
+from lucedesk.kernels.quantized import IQ4_LEVELS, MXFP4_LEVELS
 
-SUPPORTED_TYPES = (  # `dequantize_blocks` reads these
-    "F32",
-    "F16",
-    "BF16",
-    "Q8_0",
-    "Q4_0",
-    "Q4_1",
-    "Q5_0",
-    "Q5_1",
-    "Q4_K",
-    "Q5_K",
-    "Q6_K",
-    "MXFP4",
-)
+SUPPORTED_TYPES = READ_TYPES  # `dequantize_blocks` reads these
 FOUR_BIT_TYPES = ("Q4_0", "Q4_1", "Q4_K")  # levels are the nibbles themselves
+TABLES = {"MXFP4": MXFP4_LEVELS, "IQ4_NL": IQ4_LEVELS, "IQ4_XS": IQ4_LEVELS}  # code -> level
 EIGHT_BIT_TYPES = ("Q5_0", "Q5_1", "Q8_0")  # levels below 256 with one d and m a group
-LEVEL_TYPES = (*FOUR_BIT_TYPES, "MXFP4", *EIGHT_BIT_TYPES, "Q6_K")  # `block_levels` holds exactly
+LEVEL_TYPES = (*FOUR_BIT_TYPES, *TABLES, *EIGHT_BIT_TYPES, "Q6_K")  # `block_levels` holds exactly
 GRID_TYPES = (*FOUR_BIT_TYPES, *EIGHT_BIT_TYPES)  # levels without a table: parts can be fused
-LOW_BIT_TYPES = (*FOUR_BIT_TYPES, "Q5_0", "Q5_1")  # the types of a file `q4` weights are for
 
 
 class Levels(NamedTuple):
@@ -126,17 +122,11 @@ def _q4_k_groups(raw: np.ndarray) -> Levels:
 def _q6_k_groups(raw: np.ndarray) -> Levels:
     """Q6_K blocks -> levels uint8 [values] in 0..63, d = scale * d_super and m = -32 d
     float32 [values / 16], in the tensor's value order (as gguf's decoder orders them)."""
-    blocks = raw.reshape(-1, 210)
-    ql = blocks[:, :128].reshape(-1, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
-    qh = blocks[:, 128:192].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(
-        1, 1, 4, 1
-    )
-    levels = (ql & 0x0F).reshape(-1, 256) | ((qh & 0x03).reshape(-1, 256) << 4)
-    factor = blocks[:, 192:208].copy().view(np.int8)
-    super_ = blocks[:, 208:210].copy().view(np.float16).astype(np.float32)
+    levels, factor, super_ = q6_k_levels(raw.reshape(-1, 210))
+    super_ = super_.astype(np.float32)
     d = (factor.astype(np.float32) * super_).reshape(-1)
     factors = (factor.reshape(-1), super_.reshape(-1))
-    return Levels(levels.reshape(-1), d, -32 * d, 6, None, factors)
+    return Levels(levels, d, -32 * d, 6, None, factors)
 
 
 def block_levels(raw: np.ndarray, type_name: str) -> Levels:
@@ -156,6 +146,16 @@ def block_levels(raw: np.ndarray, type_name: str) -> Levels:
         qs = blocks[:, 1:]
         codes = np.concatenate([qs & 0x0F, qs >> 4], axis=1)
         return Levels(codes.reshape(-1), d, -12 * d, 4, MXFP4_LEVELS)
+    if type_name in ("IQ4_NL", "IQ4_XS"):
+        width = 18 if type_name == "IQ4_NL" else 136
+        blocks = raw.reshape(-1, width)
+        d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)  # [B, 1]
+        qs = blocks[:, 2:] if type_name == "IQ4_NL" else blocks[:, 8:].reshape(-1, 8, 16)
+        if type_name == "IQ4_XS":  # each group's d: the block's times its scale, exact
+            d = d * iq4_xs_scales(blocks).astype(np.float32)
+        codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+        d = d.reshape(-1)
+        return Levels(codes.reshape(-1), d, -128 * d, 4, IQ4_LEVELS)
     if type_name == "Q8_0":
         blocks = raw.reshape(-1, 34)
         d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)[:, 0]
@@ -180,14 +180,34 @@ def dequantize_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, ...]) -
     return torch.from_numpy(array)
 
 
+class BlockPart(NamedTuple):
+    """One tensor of a fused projection as its file holds it: its bytes (a view of the
+    file's map), GGUF type and [rows, cols], and the heads whose rotary rows llama.cpp's
+    converter interleaved (0: none; see gguf_file.unpermute)."""
+
+    raw: np.ndarray
+    type_name: str
+    shape: tuple[int, int]
+    permuted_heads: int = 0
+
+
 @dataclass(frozen=True)
 class FileBlocks:
     """One fused projection's parts as the file holds them: their types, and their levels
     read and decoded only when `levels` is asked for, so checking a file's types costs
-    nothing."""
+    nothing; the parts' bytes as they are (`parts`), and the fused weight's values read
+    from the file (`values`, float32 [N, K]) for a weight held in another form."""
 
     types: tuple[str, ...]  # of the parts, in order
     decode: Callable[[], tuple[torch.Tensor, ...]]
+    parts: Callable[[], list[BlockPart]] = list
+    values: Callable[[], torch.Tensor] | None = None
+
+    @property
+    def table(self) -> tuple[int, ...] | None:
+        """The code -> level table every part's codes look up (MXFP4's, IQ4's), or None."""
+        tables = {TABLES.get(t) for t in self.types}
+        return tables.pop() if len(tables) == 1 else None
 
     @property
     def type_name(self) -> str:
@@ -197,10 +217,10 @@ class FileBlocks:
 
     @property
     def bits(self) -> int | None:
-        """4 where every part is in a 4-bit type, 6 where every part is Q6_K, 8 where every
-        part's levels are below 256 (4-bit ones among them), None where a part is not a
-        grid of levels (or Q6_K with another type)."""
-        if all(t in FOUR_BIT_TYPES for t in self.types):
+        """4 where every part is in a 4-bit type, or all look up one table; 6 where every
+        part is Q6_K, 8 where every part's levels are below 256 (4-bit ones among them),
+        None where a part is not a grid of levels (or Q6_K with another type)."""
+        if all(t in FOUR_BIT_TYPES for t in self.types) or self.table is not None:
             return 4
         if all(t == "Q6_K" for t in self.types):
             return 6

@@ -20,6 +20,7 @@ from lucedesk.engine.models.families import BY_GGUF_ARCH
 from lucedesk.engine.models.family import Family
 from lucedesk.engine.models.gguf_blocks import (
     SUPPORTED_TYPES,
+    BlockPart,
     FileBlocks,
     Levels,
     block_levels,
@@ -242,9 +243,11 @@ class GGUFFile:
 
     def projection_tensors(self, layer: int | None, proj: str) -> list[TensorInfo]:
         """The tensors behind one fused projection (`layer` None: the LM head, which is
-        the embedding table when the file has no output tensor)."""
+        the embedding table when the file has no output tensor; or with `proj`
+        "embed_tokens", the embedding table)."""
         if layer is None:
-            names = ["output.weight" if "output.weight" in self.tensors else "token_embd.weight"]
+            head = "output.weight" in self.tensors and proj != "embed_tokens"
+            names = ["output.weight" if head else "token_embd.weight"]
         else:
             names = [f"blk.{layer}.{part}.weight" for part in PROJECTION_PARTS[proj]]
         missing = [n for n in names if n not in self.tensors]
@@ -282,7 +285,37 @@ class GGUFFile:
         K-quant the factors of d and m (gguf_blocks.Levels)."""
         infos = self.projection_tensors(layer, proj)
         types = tuple(t.type_name for t in infos)
-        return FileBlocks(types, lambda: self._levels(config, infos))
+        return FileBlocks(
+            types,
+            lambda: self._levels(config, infos),
+            lambda: [self._part(config, t) for t in infos],
+            lambda: torch.cat([self._values(config, t) for t in infos]),
+        )
+
+    def _heads(self, config: ModelConfig, t: TensorInfo) -> int:
+        """The heads whose rotary rows llama.cpp's converter interleaved in `t` (0: none)."""
+        if not self.family.permuted_qk:
+            return 0
+        if t.name.endswith("attn_q.weight"):
+            return config.num_heads
+        return config.num_kv_heads if t.name.endswith("attn_k.weight") else 0
+
+    def _part(self, config: ModelConfig, t: TensorInfo) -> BlockPart:
+        return BlockPart(self.raw(t), t.type_name, t.shape, self._heads(config, t))
+
+    def _values(self, config: ModelConfig, t: TensorInfo) -> torch.Tensor:
+        """One tensor's values (float32), its rotary rows in the Hugging Face order."""
+        heads = self._heads(config, t)
+        w = self._dequantize(t)
+        return unpermute(w, heads) if heads else w
+
+    def expert_parts(self, layer: int, proj: str, expert: int) -> list[BlockPart]:
+        """One expert's slices of the expert tensors behind `proj`, as the file holds them."""
+        parts = []
+        for t in self.expert_tensors(layer, proj):
+            one = self.expert_slice(t, expert)
+            parts.append(BlockPart(self.raw(one), t.type_name, one.shape))
+        return parts
 
     def _levels(self, config: ModelConfig, infos: list[TensorInfo]) -> tuple[torch.Tensor, ...]:
         parts = []
@@ -293,8 +326,8 @@ class GGUFFile:
             part += [torch.from_numpy(a).view(rows, -1) for a in (held.d, held.m)]
             if held.factors is not None:
                 part += [torch.from_numpy(a).view(rows, -1) for a in held.factors]
-            if self.family.permuted_qk and t.name.endswith(("attn_q.weight", "attn_k.weight")):
-                heads = config.num_heads if "attn_q" in t.name else config.num_kv_heads
+            heads = self._heads(config, t)
+            if heads:
                 part = [unpermute(x, heads) for x in part]
             parts.append(part)
         if len(parts) == 1:  # an unfused weight (the LM head) without another copy
@@ -302,15 +335,25 @@ class GGUFFile:
         whole = min(len(p) for p in parts)  # factors only where every part has them
         return tuple(torch.cat([p[i] for p in parts]) for i in range(whole))
 
-    def weights(self, config: ModelConfig) -> dict[str, torch.Tensor]:
+    def weights(
+        self, config: ModelConfig, matmuls: bool = True, embedding: bool = True
+    ) -> dict[str, torch.Tensor]:
         """Every model tensor but the experts' weights, dequantized, under its shared name,
         with llama.cpp's rotary row permutation of q/k undone (only the llama architecture
-        is permuted by its converter)."""
+        is permuted by its converter); without `matmuls` (`embedding`) the projections and
+        the LM head (the embedding table) are left in the file (`blocks` reads them)."""
         family = self.family
         out: dict[str, torch.Tensor] = {}
+        left = set()
+        if not matmuls:
+            parts = [p for ps in PROJECTION_PARTS.values() for p in ps]
+            left = {f"blk.{i}.{p}.weight" for i in range(config.num_layers) for p in parts}
+            left.add("output.weight")
+        if not embedding:
+            left.add("token_embd.weight")
         for t in self.tensors.values():
             name = hf_name(t.name, family)
-            if name is None:
+            if name is None or t.name in left:
                 continue
             w = self._dequantize(t)
             if family.permuted_qk:

@@ -47,15 +47,20 @@ def load_model(
     name: str | None = None,
     chat_template: str | None = None,
     read_weights: bool = True,
+    lazy_weights: bool = False,
+    lazy_embedding: bool = False,
 ) -> LoadedModel:
     """A `.gguf` file (a split model's first part) or a Hugging Face folder (config.json,
     *.safetensors, tokenizer.json); `name` is what it is called (default: the file's own
     name), `chat_template` the Jinja template its chats take instead of the file's.
 
     A GGUF mixture of experts keeps its expert weights in the file with `lazy_experts`
-    until the engine picks their format (build.apply_weight_format); otherwise they are
+    until the engine picks their format (held_weights.apply_weight_format); otherwise they are
     read densely in `dtype` here. Without `read_weights` (a GGUF file whose held weights
-    come from engine/weight_cache.py) the model's parameters are left unread."""
+    come from engine/weight_cache.py) the model's parameters are left unread. With
+    `lazy_weights` a GGUF file's matmul weights (its projections and LM head) stay in the
+    file too, their parameters empty, and with `lazy_embedding` its embedding table: the
+    engine reads each alone once it knows their form (engine/held_weights.py)."""
     path = Path(path).expanduser()
     started = time.perf_counter()
     if not path.exists():
@@ -68,7 +73,8 @@ def load_model(
         gguf = GGUFFile(path)
         config = gguf.model_config()
         tokenizer = tok.from_gguf(gguf)
-        weights = gguf.weights(config) if read_weights else None
+        read = (not lazy_weights, not (lazy_weights and lazy_embedding))
+        weights = gguf.weights(config, *read) if read_weights else None
         quantization = file_type_name(gguf.get("general.file_type"))
     else:
         raise ModelLoadError(f"{path}: neither a .gguf file nor a Hugging Face folder")
@@ -82,7 +88,7 @@ def load_model(
         if config.is_moe:
             model.expert_source = GGUFExperts(gguf)
     if weights is not None:
-        load_weights(model, weights, str(path))
+        load_weights(model, weights, str(path), lazy=gguf is not None and lazy_weights)
     if model.expert_source is not None and not lazy_experts and weights is not None:
         materialize_dense(model)
     model.eval()

@@ -69,6 +69,8 @@ class Experts(nn.Module):
         T, k = ids.shape
         H = self.c.hidden_size
         flat = ids.reshape(-1)  # pair p is token p // k and expert flat[p]
+        if self.quantized and getattr(self.quantized["gate_up"], "SORTED_PAIRS", False):
+            return self._sorted_pairs(x, flat, k)
         if self.quantized:  # the C++ pass (CPU tensors) groups the pairs itself
             tokens = torch.arange(T, device=x.device).repeat_interleave(k)
             h = self.quantized["gate_up"](x, flat, tokens)  # [P, 2I]
@@ -83,6 +85,20 @@ class Experts(nn.Module):
         h = self._bias(h, self.gate_up_bias, chosen)
         y = kernels.grouped_linear(gated(self.c, h), self.down, counts)
         y = self._bias(y, self.down_bias, chosen)
+        return torch.empty_like(y).index_copy_(0, order, y).view(T, k, H)
+
+    def _sorted_pairs(self, x: torch.Tensor, flat: torch.Tensor, k: int) -> torch.Tensor:
+        """Held weights that take the pairs sorted by expert (a GPU's blocks): gate|up and
+        its activation in one grouped pass (with the gate|up bias), then down (with its)."""
+        T, H = x.shape[0], self.c.hidden_size
+        gate_up, down = self.quantized["gate_up"], self.quantized["down"]
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.c.num_experts)
+        xs = x.index_select(0, order // k)
+        h = gate_up.gated(xs, counts, self.c, self.gate_up_bias)
+        if h is None:  # gate and up held apart (their types differ)
+            h = gated(self.c, gate_up(xs, counts, self.gate_up_bias))
+        y = down(h, counts, self.down_bias)
         return torch.empty_like(y).index_copy_(0, order, y).view(T, k, H)
 
     @staticmethod
@@ -153,5 +169,13 @@ class DenseMLP(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(2 * inter, H, dtype=dtype))
         self.down_proj = nn.Parameter(torch.empty(H, inter, dtype=dtype))
 
-    def forward(self, x: torch.Tensor, project: Callable[..., torch.Tensor]) -> torch.Tensor:
-        return project("down_proj", gated(self.c, project("gate_up_proj", x)))
+    def forward(
+        self, x: torch.Tensor, project: Callable[..., torch.Tensor], gate_up: Any = None
+    ) -> torch.Tensor:
+        """`gate_up`: the held gate|up weight, which may make act(gate) * up in one pass
+        (a GPU's blocks: `gated`, None where it cannot)."""
+        fused = getattr(gate_up, "gated", None)
+        h = fused(x, self.c) if fused is not None else None
+        if h is None:
+            h = gated(self.c, project("gate_up_proj", x))
+        return project("down_proj", h)

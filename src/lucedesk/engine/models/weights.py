@@ -9,11 +9,24 @@ from lucedesk.engine.models.decoder import DecoderModel
 from lucedesk.errors import ModelLoadError
 
 
-def load_weights(model: DecoderModel, weights: dict[str, torch.Tensor], source: str) -> None:
+def load_weights(
+    model: DecoderModel, weights: dict[str, torch.Tensor], source: str, lazy: bool = False
+) -> None:
     """Copy the tensors into the model's fused layout, converting dtype. A mixture's expert
-    weights may be absent (left in their file, see expert_weights.py); every other tensor
-    must be there: a ModelLoadError names the first one missing or misshapen."""
+    weights may be absent (left in their file, see expert_weights.py), and with `lazy` the
+    matmul weights and the embedding table (their parameters are emptied: the engine reads
+    them from the file, engine/held_weights.py); every other tensor must be there: a
+    ModelLoadError names the first one missing or misshapen."""
     c = model.config
+    if lazy:
+        first = "model.layers.0.self_attn.q_proj.weight"
+        matmuls = [p for layer in model.layers for p in layer.projections().values()]
+        head = [] if model.lm_head is model.embed_tokens else [model.lm_head]  # a tied head
+        if first not in weights:
+            for param in [*matmuls, *head]:
+                param.data = torch.empty(0, dtype=param.dtype)
+        if "model.embed_tokens.weight" not in weights:
+            model.embed_tokens.data = torch.empty(0, dtype=model.dtype)
 
     def take(name: str) -> torch.Tensor:
         try:
@@ -35,9 +48,10 @@ def load_weights(model: DecoderModel, weights: dict[str, torch.Tensor], source: 
     def load(param: torch.Tensor, name: str, shape=None) -> None:
         put(param, take(name), name, shape)
 
-    load(model.embed_tokens, "model.embed_tokens.weight")
+    if model.embed_tokens.numel():
+        load(model.embed_tokens, "model.embed_tokens.weight")
     load(model.norm, "model.norm.weight")
-    if not c.tie_word_embeddings:
+    if not c.tie_word_embeddings and model.lm_head.numel():
         load(model.lm_head, "lm_head.weight")
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
@@ -48,12 +62,14 @@ def load_weights(model: DecoderModel, weights: dict[str, torch.Tensor], source: 
             load(layer.ffn_out_norm, p + "post_feedforward_layernorm.weight")
         else:
             load(layer.ffn_norm, p + "post_attention_layernorm.weight")
-        qkv = [take(p + f"self_attn.{n}_proj.weight") for n in "qkv"]
-        put(layer.qkv_proj, torch.cat(qkv, 0), p + "self_attn.qkv_proj.weight")
+        if layer.qkv_proj.numel():
+            qkv = [take(p + f"self_attn.{n}_proj.weight") for n in "qkv"]
+            put(layer.qkv_proj, torch.cat(qkv, 0), p + "self_attn.qkv_proj.weight")
         if c.attention_bias:
             bias = [take(p + f"self_attn.{n}_proj.bias") for n in "qkv"]
             put(layer.qkv_bias, torch.cat(bias, 0), p + "self_attn.qkv_proj.bias")
-        load(layer.o_proj, p + "self_attn.o_proj.weight")
+        if layer.o_proj.numel():
+            load(layer.o_proj, p + "self_attn.o_proj.weight")
         if c.o_proj_bias:
             load(layer.o_bias, p + "self_attn.o_proj.bias")
         if c.qk_norm:
@@ -62,9 +78,10 @@ def load_weights(model: DecoderModel, weights: dict[str, torch.Tensor], source: 
         if c.attention_sinks:
             load(layer.sinks, p + "self_attn.sinks")
         if layer.moe is None:
-            gate_up = [take(p + f"mlp.{n}_proj.weight") for n in ("gate", "up")]
-            put(layer.mlp.gate_up_proj, torch.cat(gate_up, 0), p + "mlp.gate_up_proj.weight")
-            load(layer.mlp.down_proj, p + "mlp.down_proj.weight")
+            if layer.mlp.gate_up_proj.numel():
+                gate_up = [take(p + f"mlp.{n}_proj.weight") for n in ("gate", "up")]
+                put(layer.mlp.gate_up_proj, torch.cat(gate_up, 0), p + "mlp.gate_up_proj.weight")
+                load(layer.mlp.down_proj, p + "mlp.down_proj.weight")
             continue
         moe, experts = layer.moe, layer.moe.experts
         load(moe.router, p + "mlp.router.weight")
