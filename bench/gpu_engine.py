@@ -1,10 +1,11 @@
-"""The engine on a GPU as the r9700 profile sets it up (bfloat16, the Triton kernels, its
-pool, block size and prompt chunks; 16 slots, so that C16 runs): the offline workload of
-the CPU tables (256-token prompts, 128 output tokens, ignore_eos, greedy, prompt lookup
-off) at C1 and C16, and at each level the decode step's share of the device's memory
-bandwidth: the bytes a step reads (every dense matmul weight once, experts not counted, and
-each running sequence's K/V at the workload's mean context) over the time per output
-token, against the peak.
+"""The engine on a GPU as the r9700 profile sets it up (bfloat16, the Triton kernels, a
+GGUF file's blocks held as they are, its pool, block size and prompt chunks; 16 slots, so
+that C16 runs): the offline workload of the CPU tables (256-token prompts, 128 output
+tokens, ignore_eos, greedy, prompt lookup off) at C1 and C16, the memory held (weights and
+KV pool), and at each level the decode step's share of the device's memory bandwidth: the
+bytes a step reads (every dense matmul weight once; of a mixture's experts, those c rows
+are expected to touch, each row taking k of E experts; each running sequence's K/V at the
+workload's mean context) over the time per output token, against the peak.
 
     python bench/gpu_engine.py [--profile r9700] [--model PATH] [--peak-gbs N] [--set K=V]
 
@@ -58,11 +59,15 @@ def main() -> None:
     model, device = runner.model, built.device
     peak, name = device_peak(device, args.peak_gbs)
     weights = weight_bytes(model)
+    experts, chosen = expert_bytes(model)
     per_token = kv_bytes_per_token(built.loaded.config, built.dtype, config.kv_dtype)
+    held = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
     print(
         f"{path.name} on {name}: dtype {built.dtype}, kernels {runner.kernels.name}, "
-        f"weights {model.weight_format} ({weights / 1e6:.1f} MB a step), "
-        f"K/V {per_token} bytes a token, built in {time.perf_counter() - started:.1f} s"
+        f"weights held as {built.held} ({weights / 1e6:.1f} MB of dense weights a step, "
+        f"{experts / 1e6:.1f} MB of experts), K/V {per_token} bytes a token, pool "
+        f"{built.pool_bytes / 2**30:.2f} GiB, {held / 2**30:.2f} GiB allocated on the device, "
+        f"built in {time.perf_counter() - started:.1f} s"
     )
     levels = [int(c) for c in args.concurrency.split(",")]
     try:
@@ -77,10 +82,25 @@ def main() -> None:
     print("|---:|---:|---:|---:|")
     for c, summary in results:
         step = weights + c * context * per_token
+        if chosen:  # a mixture: the experts c rows touch, each taking `chosen` of E
+            total = model.config.num_experts
+            step += experts * (1 - (1 - chosen / total) ** c)
         rate = step / summary.tpot_p50 / 1e9
         share = f"{rate / peak:.1%}" if peak else "(peak unknown: --peak-gbs)"
         print(f"| {c} | {step / 1e6:.1f} | {rate:.0f} | {share} |")
     print(f"peak {peak} GB/s" if peak else f"no peak known for {name}")
+
+
+def expert_bytes(model) -> tuple[int, int]:
+    """A mixture's held expert weights' bytes (every layer's, every expert's) and the
+    experts a row takes; (0, 0) for a dense model."""
+    blocks = model.moe_blocks()
+    if not blocks:
+        return 0, 0
+    held = [w for _, moe in blocks for w in moe.experts.quantized.values()]
+    dense = [p for _, moe in blocks for p in (moe.experts.gate_up, moe.experts.down)]
+    size = sum(w.nbytes for w in held) + sum(p.numel() * p.element_size() for p in dense)
+    return size, model.config.num_experts_per_tok
 
 
 if __name__ == "__main__":

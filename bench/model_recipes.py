@@ -14,7 +14,7 @@ from pathlib import Path
 
 from lucedesk import profile
 from lucedesk.catalog.fit import Fit
-from lucedesk.catalog.quants import Quant, choose_quant
+from lucedesk.catalog.quants import Quant, choose_quant, label_type
 from lucedesk.catalog.summary import ModelSummary
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "models.md"
@@ -56,23 +56,28 @@ MODELS = [
     ),
 ]  # fmt: skip
 
-# (profile, device, memory free to it when nothing runs)
+# (profile, device, memory free to it when nothing runs, the C++ kernels' paths on its CPU)
+VNNI = frozenset({"vnni"})  # Zen 5 (the Strix Halo's cores) and other AVX512-VNNI CPUs
 MACHINES = [
-    ("r9700", "cuda", 31 * GIB, "R9700 (32 GB; 31 GiB free)"),
-    ("strix-halo", "cuda", 96 * GIB, "Strix Halo (96 GiB given to the GPU)"),
-    ("cpu", "cpu", 110 * GIB, "Strix Halo, `--profile cpu` (110 GiB free)"),
-    ("cpu", "cpu", 56 * GIB, "a CPU with 64 GB (56 GiB free)"),
+    ("r9700", "cuda", 31 * GIB, None, "R9700 (32 GB; 31 GiB free)"),
+    ("strix-halo", "cuda", 96 * GIB, None, "Strix Halo (96 GiB given to the GPU)"),
+    ("cpu", "cpu", 110 * GIB, VNNI, "Strix Halo, `--profile cpu` (110 GiB free)"),
+    ("cpu", "cpu", 56 * GIB, VNNI, "a CPU with 64 GB and AVX512-VNNI (56 GiB free)"),
 ]
 
 
 def summary(shape: dict, label: str, size: float) -> ModelSummary:
-    low_bit = label.startswith(("Q4", "Q5_0", "Q5_1", "MXFP4"))
-    return ModelSummary(**shape, quant=label, size_bytes=int(size), low_bit=low_bit)
+    """A quant known by its label and size (no tensor table): its weights in the label's
+    type, as many as its size holds (ModelSummary.matmuls)."""
+    kind = label_type(label)
+    return ModelSummary(
+        **shape, quant=label, size_bytes=int(size), mlp_type=kind, embedding_type=kind
+    )
 
 
-def cell(name: str, device: str, free: int, shape: dict, sizes: dict) -> str:
+def cell(name: str, device: str, free: int, paths, shape: dict, sizes: dict) -> str:
     _, config, _ = profile.resolve(name)
-    fit = Fit(config, device, "bfloat16", free)
+    fit = Fit(config, device, "bfloat16", free, cpu_paths=paths)
     quants = [Quant(label, (f"x-{label}.gguf",), int(size)) for label, size in sizes.items()]
     quants.sort(key=lambda q: q.size)
     chosen = choose_quant(quants, lambda q: fit(summary(shape, q.label, q.size)))
@@ -87,11 +92,11 @@ def cell(name: str, device: str, free: int, shape: dict, sizes: dict) -> str:
 
 def table() -> str:
     lines = [
-        "| model | " + " | ".join(m[3] for m in MACHINES) + " |",
+        "| model | " + " | ".join(m[4] for m in MACHINES) + " |",
         "| --- |" + " --- |" * len(MACHINES),
     ]
     for repo, shape, sizes in MODELS:
-        cells = [cell(p, d, free, shape, sizes) for p, d, free, _ in MACHINES]
+        cells = [cell(p, d, free, paths, shape, sizes) for p, d, free, paths, _ in MACHINES]
         lines.append(f"| `{repo}` | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -14,10 +14,11 @@ import triton  # in the dev extra: a missing triton fails these tests
 import triton.language as tl
 
 from lucedesk.kernels.attention_torch import paged_attention_torch, write_kv_torch
-from lucedesk.kernels.attention_triton import interpreting_bf16, paged_attention, round_to_bf16
+from lucedesk.kernels.attention_triton import paged_attention
 from lucedesk.kernels.kv_write_triton import write_kv
 from lucedesk.kernels.layers_torch import add_rms_norm_torch, rotary_torch
 from lucedesk.kernels.layers_triton import add_rms_norm_triton, rotary_triton
+from lucedesk.kernels.triton_numerics import interpreting_bf16, round_to_bf16
 from tests.kernel_cases import (
     CASES,
     DEVICE,

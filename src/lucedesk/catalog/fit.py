@@ -124,11 +124,12 @@ def estimate(
     device: str,
     dtype: str,
     free_bytes: int | None = None,
+    cpu_paths: frozenset[str] | None = None,
 ) -> MemoryNeed:
     """What loading the model under `config` takes. The KV term is the profile's pool; a
     pool derived from free memory counts as `free_bytes` would derive it (None: the least a
     model is usable with: its context, at most LEAST_CONTEXT tokens)."""
-    held = expected_weights(summary, config, device, dtype)
+    held = expected_weights(summary, config, device, dtype, cpu_paths)
     weights = weight_bytes(summary, held, dtype)
     max_len = context_limit(config, summary.context)
     if config.kv_pool_tokens or free_bytes is None:
@@ -182,10 +183,12 @@ class Fit:
     # What `free_bytes` is where it is not what is free here now (a profile's device this
     # machine lacks: its own memory), for a reader; "" otherwise.
     where: str = ""
+    # The C++ kernels' fast paths the rule goes by (None: this CPU's, by its flags).
+    cpu_paths: frozenset[str] | None = None
 
     def need(self, summary: ModelSummary) -> MemoryNeed:
         """The least the model takes: weights, one full context or the fixed pool, reserve."""
-        return estimate(summary, self.config, self.device, self.dtype)
+        return estimate(summary, self.config, self.device, self.dtype, None, self.cpu_paths)
 
     def __call__(self, summary: ModelSummary) -> bool:
         try:

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from lucedesk.catalog.gguf_header import Header, read_header, split_parts
+from lucedesk.catalog.held_formats import BLOCK_TYPES, file_bytes
 from lucedesk.catalog.quants import label_type
 from lucedesk.errors import ModelLoadError
 
@@ -46,11 +47,16 @@ class ModelSummary:
     def matmuls(self) -> dict[str, int]:
         """The matmul weights' values by GGUF type: the tensor table's count, else (a quant
         known by its label and size alone, a Hugging Face folder: type "") every parameter
-        but the embedding's in the type the label names."""
+        but the embedding's in the type the label names, as many as the file's bytes would
+        hold in that type (a Q4_K_M's Q6_K parts count as more Q4_K weights)."""
         if self.matmul_numel:
             return dict(self.matmul_numel)
         kind = label_type(self.quant) or self.mlp_type
-        return {kind: max(self.params - self.embedding_params, 0)}
+        count = max(self.params - self.embedding_params, 0)
+        if kind in BLOCK_TYPES and self.params:
+            ratio = self.size_bytes / file_bytes(kind, 256 * self.params) * 256
+            count = int(count * max(ratio, 1.0))
+        return {kind: count}
 
     def embedding(self) -> tuple[str, int]:
         """The embedding table's GGUF type ("" where unknown) and values."""

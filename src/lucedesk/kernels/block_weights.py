@@ -8,7 +8,6 @@ from __future__ import annotations
 import torch
 import triton
 
-from lucedesk.kernels.attention_triton import interpreting_bf16
 from lucedesk.kernels.blocks import IQ4_VALUES, KINDS, Planes, dequantize_planes
 from lucedesk.kernels.blocks_triton import (
     ACTIVATIONS,
@@ -21,6 +20,7 @@ from lucedesk.kernels.blocks_triton import (
 )
 from lucedesk.kernels.checks import require
 from lucedesk.kernels.moe_triton import tile_table
+from lucedesk.kernels.triton_numerics import interpreting_bf16
 
 DOT = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 

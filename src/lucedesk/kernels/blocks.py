@@ -129,9 +129,9 @@ def iq4_xs_scales(blocks: np.ndarray) -> np.ndarray:
 
 def planes_from_blocks(raw: np.ndarray, kind: str, n: int, k: int) -> Planes:
     """A [N, K] tensor's bytes in GGUF type `kind` (rows of blocks along K) -> its planes."""
-    from lucedesk.catalog.held_formats import block_shape
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType  # llama.cpp's block sizes
 
-    values, size = block_shape(kind)
+    values, size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
     b = np.asarray(raw, np.uint8).reshape(n, k // values, size)
     none = np.zeros((n, 0), np.uint8)
     codes, high, offset, sup, sup_off = None, none, none, none, none

@@ -131,7 +131,7 @@ def _dequant_tile(
 @triton.jit
 def _rounded(x, ROUND: tl.constexpr, OUT_DTYPE: tl.constexpr):
     """x rounded to the output dtype, kept in float32 (ROUND 1: bf16 in the interpreter,
-    which narrows by truncation; see attention_triton.interpreting_bf16)."""
+    which narrows by truncation; see triton_numerics.interpreting_bf16)."""
     if ROUND == 1:  # round_to_bf16, written out (a nested call costs the interpreter ms)
         bits = x.to(tl.uint32, bitcast=True)
         return ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)

@@ -21,8 +21,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 import triton
+
+from lucedesk.kernels.launches import Specialization, all_launches
 
 TARGETS = {
     "gfx1201": ("hip", "gfx1201", 32),
@@ -30,33 +31,6 @@ TARGETS = {
     "sm_90": ("cuda", 90, 32),
 }
 LDS_LIMIT = {"gfx1201": 64 << 10, "gfx1151": 64 << 10, "sm_90": 227 << 10}
-POINTER = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
-
-
-@dataclass(slots=True)
-class Specialization:
-    kernel: object  # the @triton.jit function
-    label: str  # what the engine launches it for
-    pointers: dict[str, str]  # pointer arguments -> their type ("*bf16"); others i32 / fp32
-    constexprs: dict[str, object]
-    floats: tuple[str, ...] = ()  # float32 scalar arguments
-    wide: tuple[str, ...] = ()  # int64 scalar arguments
-    num_warps: int = 4
-
-    @property
-    def name(self) -> str:
-        return self.kernel.fn.__name__
-
-    def signature(self) -> dict[str, str]:
-        sig = {}
-        for arg in self.kernel.arg_names:
-            if arg in self.constexprs:
-                sig[arg] = "constexpr"
-            elif arg in self.pointers:
-                sig[arg] = self.pointers[arg]
-            else:
-                sig[arg] = "fp32" if arg in self.floats else "i64" if arg in self.wide else "i32"
-        return sig
 
 
 @dataclass(slots=True)
@@ -172,6 +146,4 @@ def _compile_job(job: tuple[int, str, bool, dict | None]) -> Compiled:
 @functools.cache
 def _launches(quick: bool, worker: bool) -> list[Specialization]:
     """The launches, listed once a process (`worker`: a compiling one's)."""
-    from lucedesk.kernels.launches import all_launches
-
     return list(all_launches(quick))

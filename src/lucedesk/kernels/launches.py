@@ -15,10 +15,38 @@ and a dtype's own failures (a precision a target lacks) show in any shape of it.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
-from lucedesk.kernels.compile_targets import POINTER, Specialization
+POINTER = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
+
+
+@dataclass(slots=True)
+class Specialization:
+    kernel: object  # the @triton.jit function
+    label: str  # what the engine launches it for
+    pointers: dict[str, str]  # pointer arguments -> their type ("*bf16"); others i32 / fp32
+    constexprs: dict[str, object]
+    floats: tuple[str, ...] = ()  # float32 scalar arguments
+    wide: tuple[str, ...] = ()  # int64 scalar arguments
+    num_warps: int = 4
+
+    @property
+    def name(self) -> str:
+        return self.kernel.fn.__name__
+
+    def signature(self) -> dict[str, str]:
+        sig = {}
+        for arg in self.kernel.arg_names:
+            if arg in self.constexprs:
+                sig[arg] = "constexpr"
+            elif arg in self.pointers:
+                sig[arg] = self.pointers[arg]
+            else:
+                sig[arg] = "fp32" if arg in self.floats else "i64" if arg in self.wide else "i32"
+        return sig
+
 
 HEAD_DIMS = (64, 128, 256)
 HIDDEN = (576, 2048, 2880, 5376)

@@ -11,8 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from lucedesk.kernels.attention_triton import interpreting_bf16, narrow
 from lucedesk.kernels.checks import check_norm_args, check_rotary_args, require
+from lucedesk.kernels.triton_numerics import interpreting_bf16, narrow
 
 
 @triton.jit

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lucedesk.kernels.attention_triton import _dot_dtype, interpreting_bf16, narrow
+from lucedesk.kernels.triton_numerics import _dot_dtype, interpreting_bf16, narrow
 
 BLOCK_M = 16  # decode batches give experts a few rows each: small row tiles waste least
 BLOCK_N = 64
