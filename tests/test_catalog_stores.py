@@ -197,26 +197,28 @@ def test_the_estimate_counts_weights_as_held_kv_and_the_reserve():
         num_layers=10,
         num_kv_heads=2,
         head_dim=64,
-        vocab_size=10_000,
-        hidden_size=1000,
+        vocab_size=10_240,
+        hidden_size=1024,
         tied_embeddings=True,
         mlp_type="Q4_K",
-        matmul_numel={"Q4_K": 800_000_000, "Q6_K": 190_000_000},
+        matmul_numel={"Q4_K": 800_000_000, "Q6_K": 189_514_240},  # with the embedding: 1e9
         embedding_type="Q6_K",
     )
     _, cpu, _ = profile.resolve("cpu", ["max_model_len=4096", "weights=q4"])
     need = estimate_memory(summary, cpu, "cpu", "bfloat16")
     q4k, q6k = 0.59375, 0.828125  # the C++ kernels' Q4_K and Q6_K bytes a weight
-    head = int(10_000_000 * q6k)  # the tied LM head, held from the embedding's blocks
+    embedding = 10_240 * 1024
+    head = int(embedding * q6k)  # the tied LM head, held from the embedding's blocks
     assert need.weight_format == "q4"
-    assert need.weights == int(800e6 * q4k) + int(190e6 * q6k) + 10_000_000 * 2 + head
+    assert need.weights == int(800e6 * q4k) + int(189_514_240 * q6k) + embedding * 2 + head
     assert need.kv_tokens == 4096 and need.kv == 4096 * 2 * 10 * 2 * 64 * 2
     assert need.reserve == cpu.activation_reserve_mb << 20
     _, gpu, _ = profile.resolve("r9700")
     held = estimate_memory(summary, gpu, "cuda", "bfloat16")
     gpu_q4k, gpu_q6k = 0.5 + 2 / 32 + 4 / 256, 0.75 + 1 / 16 + 2 / 256
     assert held.weight_format == "q4"
-    assert held.weights == int(800e6 * gpu_q4k) + int(190e6 * gpu_q6k) + int(10e6 * gpu_q6k)
+    gpu = int(800e6 * gpu_q4k) + int(189_514_240 * gpu_q6k) + int(embedding * gpu_q6k)
+    assert held.weights == gpu
     assert held.kv_tokens == 98304  # the profile's fixed pool
     _, dense, _ = profile.resolve("r9700", ["weights=dtype"])
     assert estimate_memory(summary, dense, "cuda", "bfloat16").weights == 2_000_000_000

@@ -150,3 +150,61 @@ def test_a_unified_apu_counts_the_smaller_of_its_driver_and_the_system(monkeypat
     assert said.endswith("90.0 GiB of system memory available: the system's")
     free, said = memory.memory_basis(torch.device("cuda"), unified=False)
     assert free == 100 * gib and "system" not in said
+
+
+def test_a_mixtures_fused_gate_up_experts_are_read_alike(tmp_path):
+    """Experts whose gate and up are one tensor (`ffn_gate_up_exps`): the fit reads their
+    type (it read none, and priced the weights in bf16) as the loader does."""
+    import gguf
+
+    path = tmp_path / "fused.gguf"
+    w = gguf.GGUFWriter(str(path), "qwen3moe")
+    hidden, inter, experts, vocab = 256, 256, 4, 512
+    for key, value in (("embedding_length", hidden), ("attention.head_count", 4),
+                       ("attention.head_count_kv", 2), ("block_count", 1),
+                       ("context_length", 4096), ("vocab_size", vocab),
+                       ("expert_count", experts), ("expert_used_count", 2)):  # fmt: skip
+        w.add_uint32(f"qwen3moe.{key}", value)
+    rng = np.random.default_rng(0)
+
+    def blocks(rows: int, cols: int) -> np.ndarray:
+        return random_k_quant(rows, cols, Q.Q4_K, rng).reshape(rows, -1)
+
+    w.add_tensor("token_embd.weight", blocks(vocab, hidden), raw_dtype=Q.Q4_K)
+    w.add_tensor("blk.0.ffn_gate_inp.weight", np.zeros((experts, hidden), np.float32))
+    fused = blocks(experts * 2 * inter, hidden).reshape(experts, 2 * inter, -1)
+    w.add_tensor("blk.0.ffn_gate_up_exps.weight", fused, raw_dtype=Q.Q4_K)
+    down = blocks(experts * hidden, inter).reshape(experts, hidden, -1)
+    w.add_tensor("blk.0.ffn_down_exps.weight", down, raw_dtype=Q.Q4_K)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    summary = summarize_path(path)
+    _, r9700, _ = profile.resolve("r9700")
+    assert summary.mlp_type == "Q4_K"
+    assert expected_weights(summary, r9700, "cuda", "bfloat16") is FORMATS["q4", "triton"]
+
+
+def test_a_file_whose_tensors_disagree_with_its_metadata_is_refused_as_it_loads(tmp_path):
+    """Weights left in the file until their form is chosen are checked against the model's
+    shapes from the file's tensor table: the error names the tensor, as a dense load's
+    does (the lazy load took any shape, and met it later, or not at all)."""
+    import gguf
+
+    from lucedesk.config import EngineConfig
+    from lucedesk.engine.build import build_engine
+    from lucedesk.errors import ModelLoadError
+
+    writer = gguf.GGUFWriter.add_feed_forward_length
+    try:  # the metadata says 512; the tensors are 384 wide
+        gguf.GGUFWriter.add_feed_forward_length = lambda self, n: writer(self, 512)
+        path = write_gguf(tmp_path / "bad.gguf", {"ffn_gate": Q.Q8_0}, intermediate=384)
+    finally:
+        gguf.GGUFWriter.add_feed_forward_length = writer
+    config = EngineConfig(device="cpu", kernels="torch", dtype="float32", kv_pool_tokens=256)
+    expected = r"tensor 'model.layers.0.mlp.gate_up_proj.weight' has shape \(768, 256\), " + (
+        r"expected \(1024, 256\)"
+    )
+    with pytest.raises(ModelLoadError, match=expected):
+        build_engine(path, config, check_fit=False)

@@ -27,6 +27,6 @@ def cpu_paths_from_flags(flags: str) -> frozenset[str]:
     paths = set()
     if {"avx512f", "avx512bw", "avx512_vnni"} <= have:
         paths.add("vnni")
-    if "amx_int8" in have:
+    if {"amx_tile", "amx_int8", "amx_bf16", "avx512_bf16"} <= have:  # as the build needs
         paths.add("amx")
     return frozenset(paths)

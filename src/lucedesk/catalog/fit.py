@@ -94,7 +94,11 @@ def expected_weights(
     if cpu_paths is None:
         cpu_paths = cpu_paths_from_flags(cpu_flags())
     kernels = expected_kernels(config, device)
-    return held_formats.choose(config.weights, kernels, dtype, summary.mlp_type, cpu_paths)
+    held = held_formats.choose(config.weights, kernels, dtype, summary.mlp_type, cpu_paths)
+    head = (summary.vocab_size, summary.hidden_size)  # the shape most likely odd
+    if held is not None and config.weights == "auto" and not held.fits(head):
+        return None  # as the loader does (held_weights.choose_format)
+    return held
 
 
 @dataclass(slots=True, frozen=True)

@@ -15,6 +15,10 @@ from lucedesk.catalog.held_formats import BLOCK_TYPES, file_bytes
 from lucedesk.catalog.quants import label_type
 from lucedesk.errors import ModelLoadError
 
+# The first layer's gate weights, dense or a mixture's (gate|up fused, or the gate alone):
+# the type the held-format rule goes by (the loader reads the same, held_weights.mlp_type).
+FIRST_MLP = ("blk.0.ffn_gate.weight", "blk.0.ffn_gate_exps.weight", "blk.0.ffn_gate_up_exps.weight")
+
 
 @dataclass(slots=True)
 class ModelSummary:
@@ -108,16 +112,16 @@ def summarize_gguf(
     matmuls = [
         t
         for t in tensors
-        if len(t.shape) >= 2 and t.name != "token_embd.weight" and "ffn_gate_inp" not in t.name
+        if len(t.shape) >= 2
+        and t.name.endswith(".weight")  # (gpt-oss's experts' biases are 2-D)
+        and t.name != "token_embd.weight"
+        and "ffn_gate_inp" not in t.name
     ]
     matmul_numel: dict[str, int] = {}
     for t in matmuls:
         matmul_numel[t.type_name] = matmul_numel.get(t.type_name, 0) + t.numel
     embedding = next((t for t in tensors if t.name == "token_embd.weight"), None)
-    first_mlp = next(
-        (t for t in tensors if t.name in ("blk.0.ffn_gate.weight", "blk.0.ffn_gate_exps.weight")),
-        None,
-    )
+    first_mlp = next((t for t in tensors if t.name in FIRST_MLP), None)
     declared = int(meta.get("split.tensors.count", len(tensors)))
     params = sum(t.numel for t in tensors)
     if declared > len(tensors):  # a split model's first part alone: scale by its bytes

@@ -31,7 +31,7 @@ from lucedesk.engine.weight_cache import (  # noqa: F401 (the front door's)
     wait_for_writers,
     weight_cache_root,
 )
-from lucedesk.errors import ConfigError
+from lucedesk.errors import ConfigError, ModelLoadError
 from lucedesk.kernels import resolve_kernels
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,13 @@ def build_engine(
     if config.num_threads and device.type == "cpu":
         torch.set_num_threads(config.num_threads)
     path = Path(model_path).expanduser()
-    summary = summarize_path(path) if path.exists() else None  # a missing one: the loader's
+    summary = None  # a missing or unreadable one: the loader's to report
+    if path.exists():
+        try:
+            summary = summarize_path(path)
+        except ModelLoadError:
+            if check_fit:
+                raise
     if check_fit and summary is not None:
         free = available_memory(device, config.unified_memory)
         what = name or path.name

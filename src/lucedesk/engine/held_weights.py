@@ -126,8 +126,9 @@ def describe(model: DecoderModel) -> str:
         if layer.moe is not None:
             for weight in layer.moe.experts.quantized.values():
                 _kinds(weight, experts)
-    if model.lm_head_quantized is not None:
-        _kinds(model.lm_head_quantized, dense)
+    head = model.lm_head_quantized
+    if head is not None and head is not model.embedding_held:  # a tied head: the embedding
+        _kinds(head, dense)
 
     def said(counts: dict[str, int]) -> str:
         return ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))

@@ -182,7 +182,9 @@ def _block_matmul_kernel(
     local = tl.arange(0, BN)
     cols = col0 + local
     col_ok = cols < n_out
-    wrow0 = expert * N + col0  # this tile's first weight row (its gate half's, gated)
+    # This tile's first weight row (its gate half's, gated), in 64 bits: a held LM head's
+    # row times its bytes can pass 2^31.
+    wrow0 = expert * N + col0.to(tl.int64)
     split = tl.program_id(2)
     k_begin = split * k_per_split
     k_end = tl.minimum(k_begin + k_per_split, K)

@@ -30,11 +30,17 @@ def projection_maker(model: DecoderModel, held: HeldFormat):
 
     def make(layer: int | None, proj: str, weight: torch.Tensor) -> Projection:
         blocks = None if source is None else source(layer, proj)
-        if weight.numel() == 0 and blocks is not None and blocks.values is not None:
-            weight = blocks.values().to(model.dtype)  # read from the file now, this one alone
+        head = (model.config.vocab_size, model.config.hidden_size)
+        shape = head if layer is None else model.layers[layer].shapes[proj]
+
+        def values() -> torch.Tensor:  # read from the file where left there, this one alone
+            if weight.numel() == 0 and blocks is not None and blocks.values is not None:
+                return blocks.values().to(model.dtype)
+            return weight
+
         bits = None if blocks is None else blocks.bits
-        if not (low_bit and LowBitWeight.fits(tuple(weight.shape))):
-            made: Projection = Int8Weight(weight)
+        if not (low_bit and LowBitWeight.fits(shape)):
+            made: Projection = Int8Weight(values())
             how = "at 8 bits from their values"
         elif bits is not None and (wanted == "q4" or bits != 6):
             bits = bits if wanted == "q4" else 8
@@ -46,7 +52,7 @@ def projection_maker(model: DecoderModel, held: HeldFormat):
             made = LowBitWeight(levels, d, m, bits=bits, table=table, factors=factors)
             how = f"at {bits} bits as the file's levels"
         else:
-            made = LowBitWeight.from_float(weight)
+            made = LowBitWeight.from_float(values())
             how = "at 8 bits from their values"
         kinds = blocks.types if blocks is not None else [str(weight.dtype).removeprefix("torch.")]
         kind = "+".join(dict.fromkeys(kinds))

@@ -23,7 +23,7 @@ from lucedesk.engine.models.gguf_file import GGUFFile
 from lucedesk.engine.models.harmony_tokens import ENDS as HARMONY_ENDS
 from lucedesk.engine.models.harmony_tokens import MARKERS as HARMONY_MARKERS
 from lucedesk.engine.models.harmony_tokens import is_harmony
-from lucedesk.engine.models.weights import load_weights
+from lucedesk.engine.models.weights import check_file_shapes, load_weights
 from lucedesk.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,8 @@ def load_model(
         model.block_source = functools.partial(gguf.blocks, config)
         if config.is_moe:
             model.expert_source = GGUFExperts(gguf)
+    if gguf is not None and read_weights and (lazy_weights or lazy_experts):
+        check_file_shapes(model, gguf, str(path))  # what is left in the file, checked now
     if weights is not None:
         load_weights(model, weights, str(path), lazy=gguf is not None and lazy_weights)
     if model.expert_source is not None and not lazy_experts and weights is not None:

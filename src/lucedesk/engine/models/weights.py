@@ -93,3 +93,36 @@ def load_weights(
             name = p + "mlp.experts." + proj
             if name in weights or model.expert_source is None:
                 load(getattr(experts, proj), name, experts.shapes[proj])
+
+
+def check_file_shapes(model: DecoderModel, gguf, source: str) -> None:
+    """The matmul weights a GGUF file keeps until their form is chosen (its projections,
+    LM head, embedding table and experts), each of the shape the model has for it, from
+    the file's tensor table: a ModelLoadError names the first that is not, as loading it
+    densely would."""
+    from lucedesk.engine.models.moe import EXPERT_PROJECTIONS
+
+    c = model.config
+    names = {"qkv_proj": "self_attn.qkv_proj", "o_proj": "self_attn.o_proj",
+             "gate_up_proj": "mlp.gate_up_proj", "down_proj": "mlp.down_proj"}  # fmt: skip
+
+    def check(name: str, parts, shape: tuple[int, ...]) -> None:
+        lead = tuple(parts[0].shape[:-2])  # a mixture's experts
+        found = (*lead, sum(t.shape[-2] for t in parts), parts[0].shape[-1])
+        if any(t.shape[-1] != found[-1] or tuple(t.shape[:-2]) != lead for t in parts):
+            found = tuple(parts[0].shape)
+        if found != tuple(shape):
+            raise ModelLoadError(f"{source}: tensor {name!r} has shape {found}, expected {shape}")
+
+    head = (c.vocab_size, c.hidden_size)
+    check("model.embed_tokens.weight", gguf.projection_tensors(None, "embed_tokens"), head)
+    check("lm_head.weight", gguf.projection_tensors(None, "lm_head"), head)
+    for i, layer in enumerate(model.layers):
+        for proj, shape in layer.shapes.items():
+            parts = gguf.projection_tensors(i, proj)
+            check(f"model.layers.{i}.{names[proj]}.weight", parts, shape)
+        if layer.moe is not None:
+            for proj in EXPERT_PROJECTIONS:
+                parts = gguf.expert_tensors(i, proj)
+                shape = layer.moe.experts.shapes[proj]
+                check(f"model.layers.{i}.mlp.experts.{proj}", parts, shape)
